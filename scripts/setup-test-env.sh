@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh Debian 12 machine:
+# fuse3 (fusermount3) for the real-mount tests, and a Python venv with pinned
+# packages for the interop (z4ai) and client (safetensors/numpy) tests.
+# Idempotent: re-running it only checks that things are there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
+command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}"
+fi
+
+VENV="${CKPTFS_VENV:-$PWD/.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.ckptfs-requirements"
+if ! cmp -s scripts/requirements-test.txt "$stamp"; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-test.txt
+  cp scripts/requirements-test.txt "$stamp"
+fi
+echo "test environment ready: $(fusermount3 --version 2>&1 | head -1); venv $VENV"

@@ -1,0 +1,292 @@
+//! Element transforms that turn a tensor into planes and back.
+//!
+//! - Byte-plane, width w: plane j holds byte j of every little-endian element.
+//! - Bit-field: sign bits (packed MSB-first, numpy `packbits` order), the
+//!   exponent field one byte per element, and the mantissa field split into
+//!   byte planes, low byte first (z4ai's `bitfield.py`).
+//!
+//! Joins write into a caller-sized output and can start at any element, so a
+//! reader can rebuild an element range from partial planes.
+
+use super::{CodecError, Result};
+
+/// Splits `body` (a whole number of `w`-byte elements) into `w` planes.
+pub fn byteplane_split(body: &[u8], w: usize) -> Vec<Vec<u8>> {
+    assert!(w > 0 && body.len() % w == 0);
+    let n = body.len() / w;
+    let mut planes: Vec<Vec<u8>> = (0..w).map(|_| vec![0u8; n]).collect();
+    match w {
+        1 => planes[0].copy_from_slice(body),
+        2 => {
+            let (p0, p1) = planes.split_at_mut(1);
+            for (i, e) in body.chunks_exact(2).enumerate() {
+                p0[0][i] = e[0];
+                p1[0][i] = e[1];
+            }
+        }
+        _ => {
+            for (i, e) in body.chunks_exact(w).enumerate() {
+                for (j, p) in planes.iter_mut().enumerate() {
+                    p[i] = e[j];
+                }
+            }
+        }
+    }
+    planes
+}
+
+/// Interleaves `planes` (all of length `out.len() / w`) into `out`.
+pub fn byteplane_join(planes: &[&[u8]], out: &mut [u8]) -> Result<()> {
+    let w = planes.len();
+    if w == 0 {
+        return if out.is_empty() {
+            Ok(())
+        } else {
+            Err(CodecError::invalid("byte-plane frame", "no planes"))
+        };
+    }
+    let n = out.len() / w;
+    if out.len() % w != 0 || planes.iter().any(|p| p.len() != n) {
+        return Err(CodecError::invalid(
+            "byte-plane frame",
+            format!("planes of unequal length for {} output bytes", out.len()),
+        ));
+    }
+    match w {
+        1 => out.copy_from_slice(planes[0]),
+        2 => {
+            let (a, b) = (planes[0], planes[1]);
+            for ((o, &x), &y) in out.chunks_exact_mut(2).zip(a).zip(b) {
+                o[0] = x;
+                o[1] = y;
+            }
+        }
+        4 => {
+            let (a, b, c, d) = (planes[0], planes[1], planes[2], planes[3]);
+            for (i, o) in out.chunks_exact_mut(4).enumerate() {
+                o.copy_from_slice(&[a[i], b[i], c[i], d[i]]);
+            }
+        }
+        _ => {
+            for (i, o) in out.chunks_exact_mut(w).enumerate() {
+                for (j, p) in planes.iter().enumerate() {
+                    o[j] = p[i];
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A bit-field layout `(total_bits, exp_bits, mantissa_bits)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitfieldSpec {
+    pub name: &'static str,
+    pub total_bits: u32,
+    pub exp_bits: u32,
+    pub mant_bits: u32,
+}
+
+pub const BFLOAT16: BitfieldSpec = BitfieldSpec {
+    name: "bfloat16",
+    total_bits: 16,
+    exp_bits: 8,
+    mant_bits: 7,
+};
+pub const FLOAT16: BitfieldSpec = BitfieldSpec {
+    name: "float16",
+    total_bits: 16,
+    exp_bits: 5,
+    mant_bits: 10,
+};
+pub const FLOAT32: BitfieldSpec = BitfieldSpec {
+    name: "float32",
+    total_bits: 32,
+    exp_bits: 8,
+    mant_bits: 23,
+};
+
+impl BitfieldSpec {
+    /// z4ai looks names up without aliasing; so do we.
+    pub fn by_name(name: &[u8]) -> Option<BitfieldSpec> {
+        [BFLOAT16, FLOAT16, FLOAT32]
+            .into_iter()
+            .find(|s| s.name.as_bytes() == name)
+    }
+    pub fn elem_bytes(&self) -> usize {
+        (self.total_bits / 8) as usize
+    }
+    pub fn mant_planes(&self) -> usize {
+        self.mant_bits.div_ceil(8) as usize
+    }
+    /// Sizes of the sign, exponent and mantissa planes for `count` elements.
+    pub fn plane_lens(&self, count: usize) -> [usize; 3] {
+        [count.div_ceil(8), count, count * self.mant_planes()]
+    }
+}
+
+fn load(e: &[u8]) -> u32 {
+    match e.len() {
+        2 => u16::from_le_bytes([e[0], e[1]]) as u32,
+        _ => u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+    }
+}
+
+/// Splits whole elements into [sign, exponent, mantissa...] planes.
+pub fn bitfield_split(spec: BitfieldSpec, body: &[u8]) -> Vec<Vec<u8>> {
+    let eb = spec.elem_bytes();
+    assert!(body.len() % eb == 0);
+    let n = body.len() / eb;
+    let mut sign = vec![0u8; n.div_ceil(8)];
+    let mut exp = vec![0u8; n];
+    let mut mants: Vec<Vec<u8>> = (0..spec.mant_planes()).map(|_| vec![0u8; n]).collect();
+    if spec == BFLOAT16 {
+        let mant = &mut mants[0];
+        for (i, e) in body.chunks_exact(2).enumerate() {
+            let (lo, hi) = (e[0], e[1]);
+            exp[i] = (hi << 1) | (lo >> 7);
+            mant[i] = lo & 0x7f;
+        }
+        for (s, e) in sign.iter_mut().zip(body.chunks(16)) {
+            let mut b = 0u8;
+            for (k, el) in e.chunks_exact(2).enumerate() {
+                b |= (el[1] >> 7) << (7 - k);
+            }
+            *s = b;
+        }
+    } else {
+        let emask = (1u32 << spec.exp_bits) - 1;
+        let mmask = (1u32 << spec.mant_bits) - 1;
+        for (i, e) in body.chunks_exact(eb).enumerate() {
+            let u = load(e);
+            if u >> (spec.total_bits - 1) != 0 {
+                sign[i >> 3] |= 0x80 >> (i & 7);
+            }
+            exp[i] = ((u >> spec.mant_bits) & emask) as u8;
+            let m = u & mmask;
+            for (k, p) in mants.iter_mut().enumerate() {
+                p[i] = (m >> (8 * k)) as u8;
+            }
+        }
+    }
+    // The mantissa byte planes travel as one plane, low byte first.
+    let mant = if mants.len() == 1 {
+        mants.pop().unwrap()
+    } else {
+        mants.concat()
+    };
+    vec![sign, exp, mant]
+}
+
+/// Rebuilds `out.len() / elem_bytes` elements from partial planes.
+/// `sign` holds the packed sign bits with element 0 of `out` at bit
+/// `sign_bit` of `sign[0]` (MSB-first); `exp` and each mantissa plane hold
+/// exactly one byte per output element.
+pub fn bitfield_join(
+    spec: BitfieldSpec,
+    sign: &[u8],
+    sign_bit: usize,
+    exp: &[u8],
+    mants: &[&[u8]],
+    out: &mut [u8],
+) -> Result<()> {
+    let eb = spec.elem_bytes();
+    let n = out.len() / eb;
+    if out.len() % eb != 0
+        || exp.len() != n
+        || mants.len() != spec.mant_planes()
+        || mants.iter().any(|m| m.len() != n)
+        || sign_bit >= 8
+        || sign.len() * 8 < sign_bit + n
+    {
+        return Err(CodecError::invalid(
+            "bit-field frame",
+            format!("plane lengths do not match {n} elements"),
+        ));
+    }
+    if spec == BFLOAT16 {
+        let mant = mants[0];
+        for (i, (o, (&e, &m))) in out
+            .chunks_exact_mut(2)
+            .zip(exp.iter().zip(mant))
+            .enumerate()
+        {
+            let bit = sign_bit + i;
+            let s = (sign[bit >> 3] >> (7 - (bit & 7))) & 1;
+            o[0] = (m & 0x7f) | ((e & 1) << 7);
+            o[1] = (e >> 1) | (s << 7);
+        }
+        return Ok(());
+    }
+    let emask = (1u32 << spec.exp_bits) - 1;
+    let mmask = (1u32 << spec.mant_bits) - 1;
+    for (i, o) in out.chunks_exact_mut(eb).enumerate() {
+        let bit = sign_bit + i;
+        let s = ((sign[bit >> 3] >> (7 - (bit & 7))) & 1) as u32;
+        let mut m = 0u32;
+        for (k, p) in mants.iter().enumerate() {
+            m |= (p[i] as u32) << (8 * k);
+        }
+        let u = (s << (spec.total_bits - 1))
+            | ((exp[i] as u32 & emask) << spec.mant_bits)
+            | (m & mmask);
+        o.copy_from_slice(&u.to_le_bytes()[..eb]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn byteplane_roundtrip(w in prop::sample::select(vec![1usize, 2, 4, 8]), n in 0usize..300, seed in any::<u64>()) {
+            let body: Vec<u8> = (0..n * w).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 13) as u8).collect();
+            let planes = byteplane_split(&body, w);
+            let refs: Vec<&[u8]> = planes.iter().map(|p| p.as_slice()).collect();
+            let mut out = vec![0u8; body.len()];
+            byteplane_join(&refs, &mut out).unwrap();
+            prop_assert_eq!(out, body);
+        }
+
+        #[test]
+        fn bitfield_roundtrip(which in 0usize..3, n in 0usize..300, seed in any::<u64>(), start in 0usize..40) {
+            let spec = [BFLOAT16, FLOAT16, FLOAT32][which];
+            let eb = spec.elem_bytes();
+            let body: Vec<u8> = (0..n * eb).map(|i| (seed.wrapping_mul(i as u64 * 2 + 1) >> 17) as u8).collect();
+            let planes = bitfield_split(spec, &body);
+            let lens = spec.plane_lens(n);
+            for (p, l) in planes.iter().zip(&lens) { prop_assert_eq!(p.len(), *l); }
+            let mants: Vec<&[u8]> = if n == 0 { vec![&[][..]; spec.mant_planes()] } else { planes[2].chunks(n).collect() };
+            let mut out = vec![0u8; body.len()];
+            bitfield_join(spec, &planes[0], 0, &planes[1], &mants, &mut out).unwrap();
+            prop_assert_eq!(&out, &body);
+            // A sub-range rebuilt from partial planes.
+            let a = start.min(n);
+            let b = n;
+            let mants: Vec<&[u8]> = (0..spec.mant_planes()).map(|k| &planes[2][k * n + a..k * n + b]).collect();
+            let mut part = vec![0u8; (b - a) * eb];
+            bitfield_join(spec, &planes[0][a / 8..], a % 8, &planes[1][a..b], &mants, &mut part).unwrap();
+            prop_assert_eq!(&part[..], &body[a * eb..b * eb]);
+        }
+    }
+
+    #[test]
+    fn bf16_mantissa_bytes_stay_below_0x80() {
+        let body: Vec<u8> = (0..=255u8).flat_map(|b| [b, b]).collect();
+        let planes = bitfield_split(BFLOAT16, &body);
+        assert!(planes[2].iter().all(|&m| m < 0x80));
+        assert_eq!(planes.len(), 3);
+        assert_eq!(BitfieldSpec::by_name(b"bfloat16"), Some(BFLOAT16));
+        assert_eq!(BitfieldSpec::by_name(b"bf16"), None);
+    }
+
+    #[test]
+    fn join_rejects_short_planes() {
+        let mut out = vec![0u8; 8];
+        assert!(byteplane_join(&[&[0u8; 4], &[0u8; 3]], &mut out).is_err());
+        assert!(bitfield_join(BFLOAT16, &[0], 0, &[0; 3], &[&[0; 4]], &mut out).is_err());
+    }
+}

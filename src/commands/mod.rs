@@ -1,0 +1,84 @@
+//! One module per subcommand. Each returns an exit code or an error whose
+//! one-line message names the file and what is wrong.
+
+mod info;
+mod unpack;
+mod verify;
+
+use crate::cli::{Cli, Command};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Options shared by every subcommand.
+#[derive(Debug, Clone, Copy)]
+pub struct Global {
+    pub quiet: bool,
+}
+
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    if let Some(n) = cli.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+            .map_err(|e| format!("cannot start {n} threads: {e}"))?;
+    }
+    let g = Global { quiet: cli.quiet };
+    match cli.command {
+        Command::Unpack(a) => unpack::run(g, a),
+        Command::Info(a) => info::run(g, a),
+        Command::Verify(a) => verify::run(g, a),
+    }
+}
+
+/// A byte-counting progress bar, shown only on a terminal and only for work
+/// large enough to take a moment.
+pub fn progress(g: Global, total: u64, msg: &str) -> ProgressBar {
+    if g.quiet || !std::io::stderr().is_terminal() || total < 64 << 20 {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// What a file holds, decided by its magic bytes.
+pub enum Input {
+    Zstn(crate::archive::Archive),
+    /// A bare codec frame (`.z4ai` as the z4ai CLI writes it).
+    Frame(memmap2::Mmap),
+}
+
+pub fn open_input(path: &std::path::Path) -> Result<Input> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut magic = [0u8; 4];
+    let n = f
+        .read(&mut magic)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match &magic[..n] {
+        b"ZSTN" => Ok(Input::Zstn(crate::archive::Archive::open(path)?)),
+        b"Z4AI" | b"ZSP1" | b"ZPL1" => {
+            // SAFETY: read-only private map of a file we only read.
+            let map = unsafe { memmap2::Mmap::map(&f) }
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(Input::Frame(map))
+        }
+        m => Err(format!(
+            "{}: not a ZSTN archive or z4ai frame (magic {:?})",
+            path.display(),
+            String::from_utf8_lossy(m)
+        )
+        .into()),
+    }
+}

@@ -1,0 +1,856 @@
+//! Codec frames that can stand for one tensor inside a ZSTN container, or a
+//! whole file as the z4ai CLI writes it: `Z4AI` v1 (opaque, byte-plane,
+//! bit-field), `ZSP1` sparse with its nested `ZRT1`, and `ZPL1` palette.
+//!
+//! [`Frame::parse`] validates the structure without decoding anything and
+//! without allocating from a length field: every length is checked against the
+//! bytes that hold it. [`Frame::decode`] writes into a caller-sized buffer
+//! that must equal [`Frame::decoded_len`]. For frames whose planes are all
+//! block-structured (methods 0, 2, 4), [`Frame::decode_elements`] rebuilds
+//! any element range from the covering blocks only.
+
+use crate::codec::plane::{self, PlaneBlocks};
+use crate::codec::transform::{self, BitfieldSpec};
+use crate::codec::{rans, zstd, CodecError, Cursor, Result};
+use std::ops::Range;
+
+/// The largest ratio of decoded to stored bytes a frame may claim before we
+/// refuse to allocate for it. zstd tops out near 2^15; the margin covers
+/// degenerate rANS planes, while a lying length field can no longer make us
+/// allocate more than this multiple of bytes that really exist.
+pub const MAX_EXPANSION: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transform {
+    Opaque,
+    BytePlane(u8),
+    Bitfield(BitfieldSpec),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PlaneRef<'a> {
+    pub method: u8,
+    pub orig_len: u64,
+    pub payload: &'a [u8],
+}
+
+/// A parsed `Z4AI` v1 frame.
+#[derive(Debug, Clone)]
+pub struct Z4aiFrame<'a> {
+    /// The whole frame.
+    pub bytes: &'a [u8],
+    pub transform: Transform,
+    pub tail: &'a [u8],
+    pub planes: Vec<PlaneRef<'a>>,
+    /// Bytes before the first plane record (frame header).
+    pub header_len: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct SparseFrame<'a> {
+    pub width: u8,
+    pub count: u64,
+    pub nnz: u64,
+    pub tail: &'a [u8],
+    pub bitmap: &'a [u8],
+    pub values: Option<Zrt1Frame<'a>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Zrt1Frame<'a> {
+    pub width: u8,
+    pub orig_len: u64,
+    pub byteplane: bool,
+    pub streams: Vec<PlaneRef<'a>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PaletteFrame<'a> {
+    pub width: u8,
+    pub index_width: u8,
+    pub count: u64,
+    pub k: u32,
+    pub tail: &'a [u8],
+    pub codebook: &'a [u8],
+    pub index: &'a [u8],
+}
+
+#[derive(Debug, Clone)]
+pub enum Frame<'a> {
+    Z4ai(Z4aiFrame<'a>),
+    Sparse(SparseFrame<'a>),
+    Palette(PaletteFrame<'a>),
+}
+
+fn ensure_plausible(claimed: u64, stored: usize, what: &'static str) -> Result<()> {
+    if claimed > (stored as u64).max(1).saturating_mul(MAX_EXPANSION) {
+        return Err(CodecError::invalid(
+            what,
+            format!("claims {claimed} decoded bytes from {stored} stored bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_zstd_size(payload: &[u8], expected: u64, what: &'static str) -> Result<()> {
+    if let Ok(Some(n)) = ::zstd::zstd_safe::get_frame_content_size(payload) {
+        if n != expected {
+            return Err(CodecError::LengthMismatch {
+                what,
+                got: n,
+                expected,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn parse_plane<'a>(c: &mut Cursor<'a>) -> Result<PlaneRef<'a>> {
+    let method = c.u8("plane header")?;
+    let orig_len = c.u64("plane header")?;
+    let comp_len = c.u64("plane header")?;
+    let payload = c.take(comp_len, "plane payload")?;
+    match method {
+        plane::STORE if comp_len != orig_len => {
+            return Err(CodecError::invalid(
+                "stored plane",
+                format!("{comp_len} stored bytes for a {orig_len}-byte plane"),
+            ))
+        }
+        plane::ZSTD => check_zstd_size(payload, orig_len, "zstd plane")?,
+        m if m > plane::RANS_O1 => {
+            return Err(CodecError::invalid(
+                "plane",
+                format!("unknown plane method {m}"),
+            ))
+        }
+        _ => {}
+    }
+    ensure_plausible(orig_len, payload.len(), "plane")?;
+    Ok(PlaneRef {
+        method,
+        orig_len,
+        payload,
+    })
+}
+
+impl<'a> Frame<'a> {
+    /// Parses a frame that must occupy exactly `bytes`.
+    pub fn parse(bytes: &'a [u8]) -> Result<Frame<'a>> {
+        match bytes.get(..4) {
+            Some(b"ZSP1") => parse_sparse(bytes).map(Frame::Sparse),
+            Some(b"ZPL1") => parse_palette(bytes).map(Frame::Palette),
+            _ => parse_z4ai(bytes).map(Frame::Z4ai),
+        }
+    }
+
+    /// The number of bytes this frame decodes to, from its structure alone.
+    pub fn decoded_len(&self) -> u64 {
+        match self {
+            Frame::Z4ai(f) => f.body_len() + f.tail.len() as u64,
+            Frame::Sparse(f) => f.count * f.width as u64 + f.tail.len() as u64,
+            Frame::Palette(f) => f.count * f.width as u64 + f.tail.len() as u64,
+        }
+    }
+
+    /// Decodes the whole frame into `out` (`out.len() == decoded_len()`).
+    pub fn decode(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() as u64 != self.decoded_len() {
+            return Err(CodecError::LengthMismatch {
+                what: "frame",
+                got: self.decoded_len(),
+                expected: out.len() as u64,
+            });
+        }
+        match self {
+            Frame::Z4ai(f) => f.decode(out),
+            Frame::Sparse(f) => f.decode(out),
+            Frame::Palette(f) => f.decode(out),
+        }
+    }
+
+    /// A short tag for histograms: `Z4AI/bitfield/bfloat16`, `ZSP1/w4`, ...
+    pub fn kind_tag(&self) -> String {
+        match self {
+            Frame::Z4ai(f) => {
+                let mut s = match f.transform {
+                    Transform::Opaque => "Z4AI/opaque".to_string(),
+                    Transform::BytePlane(w) => format!("Z4AI/byteplane/w{w}"),
+                    Transform::Bitfield(spec) => format!("Z4AI/bitfield/{}", spec.name),
+                };
+                if !f.tail.is_empty() {
+                    s.push_str("+tail");
+                }
+                s
+            }
+            Frame::Sparse(f) => format!("ZSP1/w{}", f.width),
+            Frame::Palette(f) => format!("ZPL1/w{}/idx{}", f.width, f.index_width),
+        }
+    }
+
+    /// The plane (or stream) methods used, for histograms.
+    pub fn plane_methods(&self) -> Vec<u8> {
+        match self {
+            Frame::Z4ai(f) => f.planes.iter().map(|p| p.method).collect(),
+            Frame::Sparse(f) => f
+                .values
+                .as_ref()
+                .map(|v| v.streams.iter().map(|s| s.method).collect())
+                .unwrap_or_default(),
+            Frame::Palette(_) => vec![],
+        }
+    }
+
+    /// The element grid for random access, if every plane allows it.
+    pub fn element_access(&self) -> Result<Option<ElementAccess<'a>>> {
+        match self {
+            Frame::Z4ai(f) => f.element_access(),
+            _ => Ok(None),
+        }
+    }
+}
+
+fn parse_z4ai(bytes: &[u8]) -> Result<Z4aiFrame<'_>> {
+    let mut c = Cursor::new(bytes);
+    let magic = c.take(4, "Z4AI frame header")?;
+    if magic != b"Z4AI" {
+        return Err(CodecError::invalid(
+            "frame",
+            format!("unknown frame magic {:?}", String::from_utf8_lossy(magic)),
+        ));
+    }
+    let version = c.u8("Z4AI frame header")?;
+    if version != 1 {
+        return Err(CodecError::invalid(
+            "Z4AI frame",
+            format!("unsupported version {version}"),
+        ));
+    }
+    let _flags = c.u8("Z4AI frame header")?;
+    let transform = c.u8("Z4AI frame header")?;
+    let width = c.u8("Z4AI frame header")?;
+    let n_planes = c.u8("Z4AI frame header")?;
+    let np_len = c.u8("Z4AI frame header")?;
+    c.take(np_len as u64, "Z4AI numpy dtype")?;
+    let dlen = c.u8("Z4AI frame header")?;
+    let dcode = c.take(dlen as u64, "Z4AI bit-field name")?;
+    let ndim = c.u8("Z4AI frame header")?;
+    c.take(ndim as u64 * 8, "Z4AI shape")?;
+    let tail_len = c.u32("Z4AI frame header")?;
+    let tail = c.take(tail_len as u64, "Z4AI tail")?;
+    let header_len = c.pos();
+    let mut planes = Vec::with_capacity(n_planes as usize);
+    for _ in 0..n_planes {
+        planes.push(parse_plane(&mut c)?);
+    }
+    if c.remaining() != 0 {
+        return Err(CodecError::invalid(
+            "Z4AI frame",
+            format!("{} bytes after the last plane", c.remaining()),
+        ));
+    }
+    let transform = match transform {
+        0 => {
+            if n_planes > 1 {
+                return Err(CodecError::invalid(
+                    "Z4AI frame",
+                    "opaque frame with several planes",
+                ));
+            }
+            Transform::Opaque
+        }
+        1 => {
+            if width == 0 || n_planes != width {
+                return Err(CodecError::invalid(
+                    "Z4AI frame",
+                    format!("byte-plane width {width} with {n_planes} planes"),
+                ));
+            }
+            let n = planes[0].orig_len;
+            if planes.iter().any(|p| p.orig_len != n) {
+                return Err(CodecError::invalid(
+                    "Z4AI frame",
+                    "byte planes of unequal length",
+                ));
+            }
+            Transform::BytePlane(width)
+        }
+        2 => {
+            let spec = BitfieldSpec::by_name(dcode).ok_or_else(|| {
+                CodecError::invalid(
+                    "Z4AI frame",
+                    format!(
+                        "unknown bit-field spec {:?}",
+                        String::from_utf8_lossy(dcode)
+                    ),
+                )
+            })?;
+            if n_planes != 3 {
+                return Err(CodecError::invalid(
+                    "Z4AI frame",
+                    format!("bit-field with {n_planes} planes"),
+                ));
+            }
+            let count = planes[1].orig_len;
+            let want = [
+                count.div_ceil(8),
+                count,
+                count
+                    .checked_mul(spec.mant_planes() as u64)
+                    .unwrap_or(u64::MAX),
+            ];
+            if planes.iter().zip(want).any(|(p, w)| p.orig_len != w) {
+                return Err(CodecError::invalid(
+                    "Z4AI frame",
+                    format!("bit-field plane lengths do not fit {count} elements"),
+                ));
+            }
+            Transform::Bitfield(spec)
+        }
+        t => {
+            return Err(CodecError::invalid(
+                "Z4AI frame",
+                format!("unknown transform {t}"),
+            ))
+        }
+    };
+    let f = Z4aiFrame {
+        bytes,
+        transform,
+        tail,
+        planes,
+        header_len,
+    };
+    ensure_plausible(f.body_len(), bytes.len(), "Z4AI frame")?;
+    Ok(f)
+}
+
+impl<'a> Z4aiFrame<'a> {
+    /// Decoded bytes excluding the tail.
+    pub fn body_len(&self) -> u64 {
+        match self.transform {
+            Transform::Opaque => self.planes.first().map_or(0, |p| p.orig_len),
+            Transform::BytePlane(w) => self.planes[0].orig_len.saturating_mul(w as u64),
+            Transform::Bitfield(spec) => self.planes[1]
+                .orig_len
+                .saturating_mul(spec.elem_bytes() as u64),
+        }
+    }
+
+    /// Bytes per element of the body (1 for opaque frames).
+    pub fn elem_bytes(&self) -> u64 {
+        match self.transform {
+            Transform::Opaque => 1,
+            Transform::BytePlane(w) => w as u64,
+            Transform::Bitfield(spec) => spec.elem_bytes() as u64,
+        }
+    }
+
+    fn decode(&self, out: &mut [u8]) -> Result<()> {
+        let body_len = self.body_len() as usize;
+        let (body, tail) = out.split_at_mut(body_len);
+        tail.copy_from_slice(self.tail);
+        if body_len == 0 {
+            return Ok(());
+        }
+        match self.transform {
+            Transform::Opaque => {
+                plane::decode_plane(self.planes[0].method, self.planes[0].payload, body)
+            }
+            Transform::BytePlane(1) => {
+                plane::decode_plane(self.planes[0].method, self.planes[0].payload, body)
+            }
+            _ => {
+                let decoded = decode_planes_parallel(&self.planes)?;
+                self.join(
+                    &decoded.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
+                    0,
+                    body,
+                )
+            }
+        }
+    }
+
+    /// Joins decoded planes (or plane ranges starting at element `first`)
+    /// into `body`.
+    fn join(&self, planes: &[&[u8]], first: u64, body: &mut [u8]) -> Result<()> {
+        match self.transform {
+            Transform::Opaque => {
+                body.copy_from_slice(planes[0]);
+                Ok(())
+            }
+            Transform::BytePlane(_) => transform::byteplane_join(planes, body),
+            Transform::Bitfield(spec) => {
+                let n = body.len() / spec.elem_bytes();
+                let mants: Vec<&[u8]> = (0..spec.mant_planes())
+                    .map(|k| &planes[2][k * n..(k + 1) * n])
+                    .collect();
+                transform::bitfield_join(
+                    spec,
+                    planes[0],
+                    (first % 8) as usize,
+                    planes[1],
+                    &mants,
+                    body,
+                )
+            }
+        }
+    }
+
+    fn element_access(&self) -> Result<Option<ElementAccess<'a>>> {
+        if let Transform::Bitfield(spec) = self.transform {
+            if spec.mant_planes() != 1 {
+                return Ok(None); // fp16/fp32 bit-fields interleave mantissa planes; never written by ckptfs
+            }
+        }
+        let mut blocks = Vec::with_capacity(self.planes.len());
+        for p in &self.planes {
+            match PlaneBlocks::parse(p.method, p.payload, p.orig_len)? {
+                Some(b) => blocks.push(b),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ElementAccess {
+            frame: self.clone(),
+            blocks,
+        }))
+    }
+}
+
+/// Random access by element into a frame whose planes are all
+/// block-structured.
+pub struct ElementAccess<'a> {
+    pub frame: Z4aiFrame<'a>,
+    pub blocks: Vec<PlaneBlocks<'a>>,
+}
+
+impl<'a> ElementAccess<'a> {
+    pub fn elements(&self) -> u64 {
+        self.frame.body_len() / self.frame.elem_bytes()
+    }
+
+    /// The plane byte range that holds elements `[a, b)` of plane `i`.
+    fn plane_range(&self, i: usize, a: u64, b: u64) -> Range<u64> {
+        match (self.frame.transform, i) {
+            (Transform::Bitfield(_), 0) => a / 8..b.div_ceil(8),
+            _ => a..b,
+        }
+    }
+
+    /// Natural block grid in elements: the boundaries of the first plane that
+    /// has more than one block, or one block for the whole body.
+    pub fn grid(&self) -> Vec<u64> {
+        let n = self.elements();
+        for (i, b) in self.blocks.iter().enumerate() {
+            if b.count() > 1 && !(matches!(self.frame.transform, Transform::Bitfield(_)) && i == 0)
+            {
+                let mut g: Vec<u64> = (0..b.count()).map(|j| b.bounds(j).start).collect();
+                g.push(n);
+                return g;
+            }
+        }
+        vec![0, n]
+    }
+
+    /// Decodes the frequency tables of every rANS plane (once per frame).
+    pub fn load_tables(&self) -> Result<RansTables> {
+        let mut v = Vec::with_capacity(self.blocks.len());
+        for blk in &self.blocks {
+            v.push(match blk {
+                PlaneBlocks::Rans(p) => Some(p.freq_tables()?),
+                _ => None,
+            });
+        }
+        Ok(RansTables(v))
+    }
+
+    /// Decodes body elements `[a, b)` into `out` (`(b-a) * elem_bytes` bytes),
+    /// touching only the blocks of each plane that cover them.
+    pub fn decode_elements(
+        &self,
+        a: u64,
+        b: u64,
+        tables: &RansTables,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let eb = self.frame.elem_bytes();
+        if b < a || b > self.elements() || out.len() as u64 != (b - a) * eb {
+            return Err(CodecError::invalid(
+                "element range",
+                format!("[{a}, {b}) out of range"),
+            ));
+        }
+        if a == b {
+            return Ok(());
+        }
+        if self.frame.transform == Transform::Opaque {
+            // One plane, bytes are elements: decode straight into the output.
+            return self.blocks[0].decode_range(a..b, tables.get(0), out);
+        }
+        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(self.blocks.len());
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let r = self.plane_range(i, a, b);
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            blk.decode_range(r, tables.get(i), &mut buf)?;
+            bufs.push(buf);
+        }
+        let refs: Vec<&[u8]> = bufs.iter().map(|v| v.as_slice()).collect();
+        self.frame.join(&refs, a, out)
+    }
+
+    /// The byte ranges (relative to the frame start) of the compressed
+    /// payload that decoding elements `[a, b)` reads, over all planes.
+    pub fn payload_ranges(&self, a: u64, b: u64) -> Vec<Range<usize>> {
+        let base = self.frame.bytes.as_ptr() as usize;
+        let rel = |s: &[u8]| {
+            let start = s.as_ptr() as usize - base;
+            start..start + s.len()
+        };
+        let mut out = Vec::new();
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let r = self.plane_range(i, a, b);
+            if r.is_empty() {
+                continue;
+            }
+            match blk {
+                PlaneBlocks::Stored(p) => out.push(rel(&p[r.start as usize..r.end as usize])),
+                PlaneBlocks::Zstd(z) => {
+                    for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
+                        out.push(rel(z.payload(j)));
+                    }
+                }
+                PlaneBlocks::Rans(p) => {
+                    for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
+                        out.push(rel(p.chunk_payload(j)));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Per-plane frequency tables of a frame's rANS planes.
+#[derive(Debug, Default)]
+pub struct RansTables(Vec<Option<Vec<rans::FreqTable>>>);
+
+impl RansTables {
+    fn get(&self, plane: usize) -> Option<&[rans::FreqTable]> {
+        self.0.get(plane).and_then(|t| t.as_deref())
+    }
+}
+
+fn decode_planes_parallel(planes: &[PlaneRef<'_>]) -> Result<Vec<Vec<u8>>> {
+    use rayon::prelude::*;
+    let total: u64 = planes.iter().map(|p| p.orig_len).sum();
+    let work = |p: &PlaneRef<'_>| -> Result<Vec<u8>> {
+        let mut v = vec![0u8; p.orig_len as usize];
+        plane::decode_plane(p.method, p.payload, &mut v)?;
+        Ok(v)
+    };
+    if total >= 1 << 20 {
+        planes.par_iter().map(work).collect()
+    } else {
+        planes.iter().map(work).collect()
+    }
+}
+
+fn parse_zrt1(bytes: &[u8]) -> Result<Zrt1Frame<'_>> {
+    let mut c = Cursor::new(bytes);
+    if c.take(4, "ZRT1 header")? != b"ZRT1" {
+        return Err(CodecError::invalid("ZSP1 values", "missing ZRT1 magic"));
+    }
+    let version = c.u8("ZRT1 header")?;
+    if version != 2 {
+        return Err(CodecError::invalid(
+            "ZRT1 frame",
+            format!("unsupported version {version}"),
+        ));
+    }
+    let width = c.u8("ZRT1 header")?;
+    let orig_len = c.u64("ZRT1 header")?;
+    let transform = c.u8("ZRT1 header")?;
+    let n = c.u8("ZRT1 header")?;
+    let mut streams = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let p = parse_plane(&mut c)?;
+        if p.method > plane::ZSTD {
+            return Err(CodecError::invalid(
+                "ZRT1 frame",
+                format!("stream method {}", p.method),
+            ));
+        }
+        streams.push(p);
+    }
+    if c.remaining() != 0 {
+        return Err(CodecError::invalid("ZRT1 frame", "trailing bytes"));
+    }
+    let byteplane = match transform {
+        0 => {
+            if n != 1 || streams[0].orig_len != orig_len {
+                return Err(CodecError::invalid(
+                    "ZRT1 frame",
+                    "opaque stream length mismatch",
+                ));
+            }
+            false
+        }
+        1 => {
+            if width == 0
+                || n != width
+                || streams
+                    .iter()
+                    .any(|s| s.orig_len.checked_mul(width as u64) != Some(orig_len))
+            {
+                return Err(CodecError::invalid(
+                    "ZRT1 frame",
+                    "byte-plane streams do not fit",
+                ));
+            }
+            true
+        }
+        t => {
+            return Err(CodecError::invalid(
+                "ZRT1 frame",
+                format!("unknown transform {t}"),
+            ))
+        }
+    };
+    Ok(Zrt1Frame {
+        width,
+        orig_len,
+        byteplane,
+        streams,
+    })
+}
+
+fn parse_sparse(bytes: &[u8]) -> Result<SparseFrame<'_>> {
+    let mut c = Cursor::new(bytes);
+    c.take(4, "ZSP1 header")?;
+    let version = c.u8("ZSP1 header")?;
+    if version != 1 {
+        return Err(CodecError::invalid(
+            "ZSP1 frame",
+            format!("unsupported version {version}"),
+        ));
+    }
+    let width = c.u8("ZSP1 header")?;
+    if !matches!(width, 1 | 2 | 4 | 8) {
+        return Err(CodecError::invalid("ZSP1 frame", format!("width {width}")));
+    }
+    let _flags = c.u8("ZSP1 header")?;
+    c.u8("ZSP1 header")?;
+    let count = c.u64("ZSP1 header")?;
+    let nnz = c.u64("ZSP1 header")?;
+    let tail_len = c.u32("ZSP1 header")?;
+    let dtype_len = c.u8("ZSP1 header")?;
+    let ndim = c.u8("ZSP1 header")?;
+    c.take(dtype_len as u64 + ndim as u64 * 8, "ZSP1 numpy metadata")?;
+    let tail = c.take(tail_len as u64, "ZSP1 tail")?;
+    let bitmap_len = c.u64("ZSP1 header")?;
+    let bitmap = c.take(bitmap_len, "ZSP1 bitmap")?;
+    let values_bytes = c.rest();
+    if nnz > count {
+        return Err(CodecError::invalid(
+            "ZSP1 frame",
+            format!("{nnz} non-zeros in {count} elements"),
+        ));
+    }
+    if count > 0 {
+        if bitmap_len == 0 {
+            return Err(CodecError::invalid("ZSP1 frame", "empty bitmap"));
+        }
+        check_zstd_size(bitmap, count.div_ceil(8), "ZSP1 bitmap")?;
+        ensure_plausible(
+            count.saturating_mul(width as u64),
+            bytes.len(),
+            "ZSP1 frame",
+        )?;
+    }
+    let values = if nnz > 0 && count > 0 {
+        let v = parse_zrt1(values_bytes)?;
+        if v.orig_len != nnz * width as u64 || (v.byteplane && v.width != width) {
+            return Err(CodecError::invalid(
+                "ZSP1 frame",
+                "values do not match nnz × width",
+            ));
+        }
+        Some(v)
+    } else {
+        None
+    };
+    Ok(SparseFrame {
+        width,
+        count,
+        nnz,
+        tail,
+        bitmap,
+        values,
+    })
+}
+
+impl SparseFrame<'_> {
+    fn decode(&self, out: &mut [u8]) -> Result<()> {
+        let w = self.width as usize;
+        let body_len = self.count as usize * w;
+        let (body, tail) = out.split_at_mut(body_len);
+        tail.copy_from_slice(self.tail);
+        if self.count == 0 {
+            return Ok(());
+        }
+        let mut bitmap = vec![0u8; self.count.div_ceil(8) as usize];
+        zstd::decompress_exact(self.bitmap, &mut bitmap, "ZSP1 bitmap")?;
+        let dense = match &self.values {
+            Some(v) => v.decode()?,
+            None => Vec::new(),
+        };
+        body.fill(0);
+        let mut j = 0usize;
+        let n = self.count as usize;
+        for (byte_i, &bits) in bitmap.iter().enumerate() {
+            if bits == 0 {
+                continue;
+            }
+            for k in 0..8 {
+                let i = byte_i * 8 + k;
+                if i >= n {
+                    break;
+                }
+                if bits & (0x80 >> k) != 0 {
+                    let src = dense.get(j * w..(j + 1) * w).ok_or_else(|| {
+                        CodecError::invalid("ZSP1 frame", "bitmap has more set bits than values")
+                    })?;
+                    body[i * w..(i + 1) * w].copy_from_slice(src);
+                    j += 1;
+                }
+            }
+        }
+        if j as u64 != self.nnz {
+            return Err(CodecError::invalid(
+                "ZSP1 frame",
+                format!("bitmap has {j} set bits, header says {}", self.nnz),
+            ));
+        }
+        plane_count(body_len);
+        Ok(())
+    }
+}
+
+fn plane_count(n: usize) {
+    plane::DECODED_BYTES.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+impl Zrt1Frame<'_> {
+    fn decode(&self) -> Result<Vec<u8>> {
+        let mut streams = Vec::with_capacity(self.streams.len());
+        for s in &self.streams {
+            let mut v = vec![0u8; s.orig_len as usize];
+            plane::decode_plane(s.method, s.payload, &mut v)?;
+            streams.push(v);
+        }
+        if !self.byteplane {
+            return Ok(streams.pop().unwrap_or_default());
+        }
+        let mut out = vec![0u8; self.orig_len as usize];
+        let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+        transform::byteplane_join(&refs, &mut out)?;
+        Ok(out)
+    }
+}
+
+fn parse_palette(bytes: &[u8]) -> Result<PaletteFrame<'_>> {
+    let mut c = Cursor::new(bytes);
+    c.take(4, "ZPL1 header")?;
+    let version = c.u8("ZPL1 header")?;
+    if version != 1 {
+        return Err(CodecError::invalid(
+            "ZPL1 frame",
+            format!("unsupported version {version}"),
+        ));
+    }
+    let width = c.u8("ZPL1 header")?;
+    let _flags = c.u8("ZPL1 header")?;
+    let index_width = c.u8("ZPL1 header")?;
+    if !matches!(width, 1 | 2 | 4 | 8) || !matches!(index_width, 1 | 2 | 4) {
+        return Err(CodecError::invalid(
+            "ZPL1 frame",
+            format!("width {width}, index width {index_width}"),
+        ));
+    }
+    let count = c.u64("ZPL1 header")?;
+    let k = c.u32("ZPL1 header")?;
+    let tail_len = c.u32("ZPL1 header")?;
+    let dtype_len = c.u8("ZPL1 header")?;
+    let ndim = c.u8("ZPL1 header")?;
+    c.take(dtype_len as u64 + ndim as u64 * 8, "ZPL1 numpy metadata")?;
+    let tail = c.take(tail_len as u64, "ZPL1 tail")?;
+    let cb_len = c.u32("ZPL1 header")?;
+    let (codebook, index) = if count == 0 {
+        (&[][..], &[][..])
+    } else {
+        let cb = c.take(cb_len as u64, "ZPL1 codebook")?;
+        (cb, c.rest())
+    };
+    if count > 0 {
+        if k == 0 || (index_width == 1 && k > 256) || (index_width == 2 && k > 65536) {
+            return Err(CodecError::invalid(
+                "ZPL1 frame",
+                format!("{k} codebook entries"),
+            ));
+        }
+        check_zstd_size(codebook, k as u64 * width as u64, "ZPL1 codebook")?;
+        check_zstd_size(
+            index,
+            count.saturating_mul(index_width as u64),
+            "ZPL1 index",
+        )?;
+        ensure_plausible(
+            count.saturating_mul(width as u64),
+            bytes.len(),
+            "ZPL1 frame",
+        )?;
+    }
+    Ok(PaletteFrame {
+        width,
+        index_width,
+        count,
+        k,
+        tail,
+        codebook,
+        index,
+    })
+}
+
+impl PaletteFrame<'_> {
+    fn decode(&self, out: &mut [u8]) -> Result<()> {
+        let w = self.width as usize;
+        let n = self.count as usize;
+        let (body, tail) = out.split_at_mut(n * w);
+        tail.copy_from_slice(self.tail);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut cb = vec![0u8; self.k as usize * w];
+        zstd::decompress_exact(self.codebook, &mut cb, "ZPL1 codebook")?;
+        let iw = self.index_width as usize;
+        let mut idx = vec![0u8; n * iw];
+        zstd::decompress_exact(self.index, &mut idx, "ZPL1 index")?;
+        let k = self.k as usize;
+        for (i, o) in body.chunks_exact_mut(w).enumerate() {
+            let e = match iw {
+                1 => idx[i] as usize,
+                2 => u16::from_le_bytes([idx[2 * i], idx[2 * i + 1]]) as usize,
+                _ => u32::from_le_bytes(idx[4 * i..4 * i + 4].try_into().unwrap()) as usize,
+            };
+            if e >= k {
+                return Err(CodecError::invalid(
+                    "ZPL1 frame",
+                    format!("index {e} at element {i} past the {k}-entry codebook"),
+                ));
+            }
+            o.copy_from_slice(&cb[e * w..(e + 1) * w]);
+        }
+        plane_count(body.len());
+        Ok(())
+    }
+}

@@ -1,0 +1,54 @@
+//! Durable file replacement: write to a temporary sibling, fsync, rename,
+//! fsync the directory. A crash at any point leaves the old file or the new
+//! one, never a torn file.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Writes `path` atomically through `fill`. Without `overwrite`, an existing
+/// `path` is an error (`AlreadyExists`), checked again at the rename.
+pub fn write_atomic<F>(path: &Path, overwrite: bool, fill: F) -> io::Result<()>
+where
+    F: FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+{
+    if !overwrite && path.symlink_metadata().is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "output exists (use --force to replace it)",
+        ));
+    }
+    let dir = parent_dir(path);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(&dir)?;
+    {
+        let mut w = io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+        fill(&mut w)?;
+        w.flush()?;
+    }
+    tmp.as_file().sync_all()?;
+    if overwrite {
+        tmp.persist(path).map_err(|e| e.error)?;
+    } else {
+        tmp.persist_noclobber(path).map_err(|e| e.error)?;
+    }
+    sync_dir(&dir)
+}
+
+/// The directory holding `path` ("." for a bare file name).
+pub fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}

@@ -1,0 +1,13 @@
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = ckptfs::cli::Cli::parse();
+    match ckptfs::commands::run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ckptfs: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
