@@ -27,6 +27,10 @@ pub enum Command {
     Info(InfoArgs),
     /// Decode everything and check all structure and checksums; one verdict line per file.
     Verify(VerifyArgs),
+    /// Mount a store of .zstn archives read-only, presenting them as .safetensors files.
+    Mount(MountArgs),
+    /// Unmount a ckptfs mount.
+    Umount(UmountArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -57,4 +61,35 @@ pub struct InfoArgs {
 pub struct VerifyArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MountArgs {
+    /// The store directory (archives and any other files).
+    pub store: PathBuf,
+    /// Where to present it.
+    pub mountpoint: PathBuf,
+    /// Stay attached to the terminal (for systemd and debugging).
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Memory for decoded blocks, e.g. 2G or 512M (default: 1/8 of RAM, 256M..4G).
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<String>,
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// error, warn, info, debug or trace (or a RUST_LOG filter); RUST_LOG also works.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Log file of the background daemon (default: ~/.local/state/ckptfs/mount-<mountpoint>.log).
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UmountArgs {
+    pub mountpoint: PathBuf,
+    /// Detach now even if files are open; the daemon exits when they close.
+    #[arg(short, long)]
+    pub lazy: bool,
 }

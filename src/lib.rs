@@ -4,8 +4,11 @@
 //! command line; `fuse` and `commands` are thin layers over it.
 
 pub mod archive;
+pub mod cache;
 pub mod cli;
 pub mod codec;
 pub mod commands;
 pub mod format;
+pub mod fs;
 pub mod fsutil;
+pub mod fuse;

@@ -2,6 +2,7 @@
 //! one-line message names the file and what is wrong.
 
 mod info;
+mod mount;
 mod unpack;
 mod verify;
 
@@ -31,6 +32,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Unpack(a) => unpack::run(g, a),
         Command::Info(a) => info::run(g, a),
         Command::Verify(a) => verify::run(g, a),
+        Command::Mount(a) => mount::run(g, a, cli.threads),
+        Command::Umount(a) => mount::umount(g, a),
     }
 }
 

@@ -1,0 +1,383 @@
+//! `BlockCache`: decoded archive blocks, shared by every open file of a
+//! mount, bounded in bytes.
+//!
+//! **Keys.** A [`CacheKey`] is (archive generation, block). The generation
+//! is a process-wide number handed out each time an archive *version* is
+//! opened (see `fs::ArchiveSlot`): a backing file replaced in STORE gets a
+//! new generation when it is next opened, so a block decoded from the old
+//! version can never be served for the new one. Old generations are not
+//! purged eagerly; they simply stop being asked for and age out of the LRU.
+//!
+//! **Bound.** The LRU counts the decoded bytes of the blocks it holds and
+//! evicts least-recently-used blocks until it is back under the budget. A
+//! block larger than the whole budget is returned to its caller but not
+//! kept. Blocks are `Arc`s, so an evicted block stays alive only while a
+//! reader still copies out of it; the resident total is therefore the
+//! budget plus the blocks in flight (a few per reader thread).
+//!
+//! **Single flight.** A miss registers an in-flight slot before decoding,
+//! outside the lock. Concurrent misses on the same key find the slot and
+//! wait on its condition variable instead of decoding again. The result,
+//! success or error, is handed to every waiter; only a success is cached,
+//! so a later read retries a failed block (and fails again, answering EIO
+//! for that read only). A loader that panics wakes its waiters with an
+//! error rather than leaving them blocked.
+//!
+//! Lock order: `BlockCache::inner`, then a `Flight::state`; a flight's lock
+//! is never held while taking `inner`.
+
+use crate::archive::BlockKey;
+use lru::LruCache;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// A decoded block, shared between the cache and its readers.
+pub type Block = Arc<Vec<u8>>;
+
+/// Identity of one decoded block of one archive version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    /// The generation of the opened archive version (unique per process).
+    pub generation: u64,
+    pub block: BlockKey,
+}
+
+/// Why a cached fetch failed: the loader's own error, shared between all
+/// the callers that waited for it.
+#[derive(Debug)]
+pub enum FetchError<E> {
+    Load(Arc<E>),
+    /// The loading thread panicked.
+    Panicked,
+}
+
+impl<E> Clone for FetchError<E> {
+    fn clone(&self) -> Self {
+        match self {
+            FetchError::Load(e) => FetchError::Load(e.clone()),
+            FetchError::Panicked => FetchError::Panicked,
+        }
+    }
+}
+
+struct Flight<E> {
+    state: Mutex<Option<Result<Block, FetchError<E>>>>,
+    done: Condvar,
+}
+
+struct Inner<E> {
+    lru: LruCache<CacheKey, Block>,
+    bytes: u64,
+    flights: HashMap<CacheKey, Arc<Flight<E>>>,
+    hits: u64,
+    misses: u64,
+}
+
+/// Counters for logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub bytes: u64,
+    pub blocks: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+pub struct BlockCache<E> {
+    inner: Mutex<Inner<E>>,
+    budget: u64,
+}
+
+impl<E> std::fmt::Debug for BlockCache<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("budget", &self.budget)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// Removes the flight and wakes its waiters even if the loader unwinds.
+struct FlightGuard<'a, E> {
+    cache: &'a BlockCache<E>,
+    key: CacheKey,
+    flight: Arc<Flight<E>>,
+    finished: bool,
+}
+
+impl<E> FlightGuard<'_, E> {
+    fn finish(mut self, result: Result<Block, FetchError<E>>) {
+        self.publish(result);
+        self.finished = true;
+    }
+
+    fn publish(&self, result: Result<Block, FetchError<E>>) {
+        {
+            let mut inner = self.cache.lock();
+            inner.flights.remove(&self.key);
+            if let Ok(block) = &result {
+                self.cache
+                    .insert_locked(&mut inner, self.key, block.clone());
+            }
+        }
+        *lock(&self.flight.state) = Some(result);
+        self.flight.done.notify_all();
+    }
+}
+
+impl<E> Drop for FlightGuard<'_, E> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.publish(Err(FetchError::Panicked));
+        }
+    }
+}
+
+/// Poisoning only means another thread panicked while holding the lock;
+/// the cache's invariants hold between statements, so carry on.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<E> BlockCache<E> {
+    pub fn new(budget_bytes: u64) -> Self {
+        BlockCache {
+            inner: Mutex::new(Inner {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+                flights: HashMap::new(),
+                hits: 0,
+                misses: 0,
+            }),
+            budget: budget_bytes,
+        }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<E>> {
+        lock(&self.inner)
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let i = self.lock();
+        CacheStats {
+            bytes: i.bytes,
+            blocks: i.lru.len(),
+            hits: i.hits,
+            misses: i.misses,
+        }
+    }
+
+    /// True when the block is cached or being loaded (prefetch skips it).
+    pub fn contains_or_loading(&self, key: &CacheKey) -> bool {
+        let i = self.lock();
+        i.lru.contains(key) || i.flights.contains_key(key)
+    }
+
+    /// The cached block without touching recency.
+    pub fn peek(&self, key: &CacheKey) -> Option<Block> {
+        self.lock().lru.peek(key).cloned()
+    }
+
+    fn insert_locked(&self, inner: &mut Inner<E>, key: CacheKey, block: Block) {
+        let len = block.len() as u64;
+        if len > self.budget {
+            return;
+        }
+        if let Some(old) = inner.lru.put(key, block) {
+            inner.bytes -= old.len() as u64;
+        }
+        inner.bytes += len;
+        while inner.bytes > self.budget {
+            match inner.lru.pop_lru() {
+                Some((_, b)) => inner.bytes -= b.len() as u64,
+                None => break,
+            }
+        }
+    }
+
+    /// Returns the block for `key`, calling `load` on a miss. Concurrent
+    /// callers with the same key share one `load`.
+    pub fn get_or_load<F>(&self, key: CacheKey, load: F) -> Result<Block, FetchError<E>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        let flight = {
+            let mut inner = self.lock();
+            if let Some(b) = inner.lru.get(&key) {
+                let b = b.clone();
+                inner.hits += 1;
+                return Ok(b);
+            }
+            inner.misses += 1;
+            match inner.flights.get(&key) {
+                Some(f) => Err(f.clone()),
+                None => {
+                    let f = Arc::new(Flight {
+                        state: Mutex::new(None),
+                        done: Condvar::new(),
+                    });
+                    inner.flights.insert(key, f.clone());
+                    Ok(f)
+                }
+            }
+        };
+        match flight {
+            // We own the flight: load outside every lock.
+            Ok(flight) => {
+                let guard = FlightGuard {
+                    cache: self,
+                    key,
+                    flight,
+                    finished: false,
+                };
+                let result = load()
+                    .map(Arc::new)
+                    .map_err(|e| FetchError::Load(Arc::new(e)));
+                guard.finish(result.clone());
+                result
+            }
+            // Someone else is loading it: wait for their result.
+            Err(flight) => {
+                let mut state = lock(&flight.state);
+                while state.is_none() {
+                    state = flight.done.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+                state.as_ref().expect("flight finished").clone()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Barrier;
+
+    fn key(g: u64, b: u32) -> CacheKey {
+        CacheKey {
+            generation: g,
+            block: BlockKey { unit: 0, block: b },
+        }
+    }
+
+    #[test]
+    fn hit_after_miss_and_generation_separates_versions() {
+        let c: BlockCache<String> = BlockCache::new(1 << 20);
+        let a = c.get_or_load(key(1, 0), || Ok(vec![1; 10])).unwrap();
+        let b = c
+            .get_or_load(key(1, 0), || panic!("must be cached"))
+            .unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        // Same block of another archive version: a different entry.
+        let v2 = c.get_or_load(key(2, 0), || Ok(vec![2; 10])).unwrap();
+        assert_eq!(v2[0], 2);
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.blocks, s.bytes), (1, 2, 2, 20));
+    }
+
+    #[test]
+    fn evicts_least_recently_used_to_stay_within_budget() {
+        let c: BlockCache<String> = BlockCache::new(300);
+        for b in 0..3 {
+            c.get_or_load(key(1, b), || Ok(vec![0; 100])).unwrap();
+        }
+        // Touch block 0 so block 1 is the oldest.
+        c.get_or_load(key(1, 0), || unreachable!()).unwrap();
+        c.get_or_load(key(1, 3), || Ok(vec![0; 100])).unwrap();
+        assert!(c.peek(&key(1, 0)).is_some());
+        assert!(c.peek(&key(1, 1)).is_none());
+        assert_eq!(c.stats().bytes, 300);
+        // A block bigger than the budget is served but not kept.
+        let big = c.get_or_load(key(1, 9), || Ok(vec![0; 301])).unwrap();
+        assert_eq!(big.len(), 301);
+        assert!(c.peek(&key(1, 9)).is_none());
+        assert!(c.stats().bytes <= 300);
+    }
+
+    #[test]
+    fn errors_reach_the_caller_and_are_not_cached() {
+        let c: BlockCache<String> = BlockCache::new(1 << 20);
+        let e = c
+            .get_or_load(key(1, 0), || Err("checksum".to_string()))
+            .unwrap_err();
+        assert!(matches!(e, FetchError::Load(m) if *m == "checksum"));
+        let ok = c.get_or_load(key(1, 0), || Ok(vec![7])).unwrap();
+        assert_eq!(*ok, vec![7]);
+    }
+
+    #[test]
+    fn concurrent_misses_load_once() {
+        let c: Arc<BlockCache<String>> = Arc::new(BlockCache::new(1 << 20));
+        let loads = Arc::new(AtomicUsize::new(0));
+        let n = 8;
+        let barrier = Arc::new(Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let (c, loads, barrier) = (c.clone(), loads.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    c.get_or_load(key(1, 0), || {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        Ok(vec![5; 1000])
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        let blocks: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        assert!(blocks.iter().all(|b| Arc::ptr_eq(b, &blocks[0])));
+    }
+
+    #[test]
+    fn concurrent_waiters_all_get_the_error() {
+        let c: Arc<BlockCache<String>> = Arc::new(BlockCache::new(1 << 20));
+        let loads = Arc::new(AtomicUsize::new(0));
+        let n = 6;
+        let barrier = Arc::new(Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let (c, loads, barrier) = (c.clone(), loads.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    c.get_or_load(key(3, 1), || {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        Err::<Vec<u8>, _>("bad block".to_string())
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(matches!(t.join().unwrap(), Err(FetchError::Load(_))));
+        }
+        // All callers overlapped the single slow load (a straggler that
+        // arrived after it finished would load again; allow that).
+        assert!(loads.load(Ordering::SeqCst) >= 1);
+        assert!(c.peek(&key(3, 1)).is_none());
+    }
+
+    #[test]
+    fn a_panicking_loader_releases_its_waiters() {
+        let c: Arc<BlockCache<String>> = Arc::new(BlockCache::new(1 << 20));
+        let c2 = c.clone();
+        let loader = std::thread::spawn(move || {
+            let _ = c2.get_or_load(key(1, 0), || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                panic!("decoder bug")
+            });
+        });
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let r = c.get_or_load(key(1, 0), || Ok(vec![1]));
+        assert!(loader.join().is_err());
+        // Either we waited on the panicking flight, or it had finished and
+        // we loaded ourselves; never a hang.
+        assert!(matches!(r, Err(FetchError::Panicked) | Ok(_)));
+        assert_eq!(*c.get_or_load(key(1, 0), || Ok(vec![1])).unwrap(), vec![1]);
+    }
+}

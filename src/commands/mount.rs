@@ -1,0 +1,420 @@
+//! `ckptfs mount` and `ckptfs umount`.
+//!
+//! By default `mount` daemonizes: it re-executes itself with `--foreground`
+//! in a new session (`setsid`), stdio to a log file, waits until the mount
+//! shows up in `/proc/self/mountinfo`, prints where the daemon logs and
+//! exits 0. If the daemon exits first, or the mount does not appear within
+//! 30 s, it prints the end of the log and exits 1. Re-executing (rather
+//! than `fork` after threads exist) keeps the daemon a clean process.
+//!
+//! In the foreground the process mounts with fuser (multi-threaded, one
+//! cloned `/dev/fuse` fd per thread), raises the connection's readahead,
+//! and serves until unmounted. SIGINT/SIGTERM/SIGHUP unmount it (lazily if
+//! files are still open) and the process exits 0.
+
+use super::{Global, Result};
+use crate::cli::{MountArgs, UmountArgs};
+use crate::fs::{CheckpointFs, FsConfig};
+use crate::fuse::CheckpointFuse;
+use fuser::{Config, MountOption, Session, SessionACL};
+use std::io::{BufRead, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Parses a size like `2G`, `512M`, `1.5GiB`, `1048576`.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: not a size (try 2G or 512M)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (use K, M, G or T)")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+/// The default cache budget: 1/8 of RAM, between 256 MiB and 4 GiB.
+fn default_cache_bytes() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let ram = (pages.max(0) as u64).saturating_mul(page.max(0) as u64);
+    (ram / 8).clamp(256 << 20, 4 << 30)
+}
+
+fn default_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores * 2).clamp(4, 16)
+}
+
+fn mountinfo_has(mountpoint: &Path) -> bool {
+    let Ok(f) = std::fs::File::open("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = mountpoint
+        .as_os_str()
+        .to_string_lossy()
+        .replace(' ', "\\040");
+    std::io::BufReader::new(f)
+        .lines()
+        .map_while(|l| l.ok())
+        .any(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            fields.get(4) == Some(&want.as_str()) && l.contains(" - fuse.ckptfs ")
+        })
+}
+
+fn log_path(mountpoint: &Path) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("ckptfs");
+    let name: String = mountpoint
+        .to_string_lossy()
+        .trim_start_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    base.join(format!("mount-{name}.log"))
+}
+
+pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode> {
+    let store = a
+        .store
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", a.store.display()))?;
+    if !store.is_dir() {
+        return Err(format!("{}: not a directory", store.display()).into());
+    }
+    let mountpoint = a
+        .mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
+    if !mountpoint.is_dir() {
+        return Err(format!("{}: not a directory", mountpoint.display()).into());
+    }
+    if store.starts_with(&mountpoint) {
+        return Err(format!(
+            "{}: the store must not be inside the mountpoint {}",
+            store.display(),
+            mountpoint.display()
+        )
+        .into());
+    }
+    let cache_bytes = match &a.cache_size {
+        Some(s) => parse_size(s)?,
+        None => default_cache_bytes(),
+    };
+    if a.foreground {
+        foreground(&a, store, mountpoint, cache_bytes, threads)
+    } else {
+        background(&a, &mountpoint, threads)
+    }
+}
+
+fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Result<ExitCode> {
+    if mountinfo_has(mountpoint) {
+        return Err(format!("{}: already a ckptfs mount", mountpoint.display()).into());
+    }
+    let log = a.log_file.clone().unwrap_or_else(|| log_path(mountpoint));
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let start_len = out.metadata().map(|m| m.len()).unwrap_or(0);
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(n) = threads {
+        cmd.arg("--threads").arg(n.to_string());
+    }
+    cmd.arg("mount")
+        .arg(&a.store)
+        .arg(mountpoint)
+        .arg("--foreground");
+    if let Some(s) = &a.cache_size {
+        cmd.arg("--cache-size").arg(s);
+    }
+    if a.allow_other {
+        cmd.arg("--allow-other");
+    }
+    if let Some(l) = &a.log_level {
+        cmd.arg("--log-level").arg(l);
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    // SAFETY: setsid is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the mount daemon: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if mountinfo_has(mountpoint) {
+            println!(
+                "ckptfs: mounted {} at {} (pid {}); log: {}",
+                a.store.display(),
+                mountpoint.display(),
+                child.id(),
+                log.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        let exited = child.try_wait()?;
+        if exited.is_some() || Instant::now() > deadline {
+            if exited.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let text = std::fs::read(&log).unwrap_or_default();
+            let tail = String::from_utf8_lossy(&text[(start_len as usize).min(text.len())..]);
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            let mut msg = format!("{}: the mount did not come up", mountpoint.display());
+            for l in tail.into_iter().rev() {
+                msg.push_str("\n  ");
+                msg.push_str(l);
+            }
+            msg.push_str(&format!("\n  (log: {})", log.display()));
+            return Err(msg.into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: write(2) is async-signal-safe; the buffer is a valid byte.
+        unsafe {
+            libc::write(fd, b"x".as_ptr().cast(), 1);
+        }
+    }
+}
+
+/// Installs handlers for SIGINT/SIGTERM/SIGHUP and returns the read end of
+/// a pipe that receives a byte per signal.
+fn signal_pipe() -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction with a valid handler and empty mask is
+        // a valid argument; the handler only calls write(2).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    // SAFETY: fds[0] is a fresh pipe fd that nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fds[0]) })
+}
+
+/// Detaches the mount even while files are open (the daemon keeps serving
+/// them until they close).
+fn lazy_unmount(mountpoint: &Path) {
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    let ok = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0;
+    if !ok {
+        let _ = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(mountpoint)
+            .status();
+    }
+}
+
+/// Raises the kernel readahead of the mount's backing device (bdi); the
+/// default 128 KiB starves a decoder that works in 1 MiB blocks.
+fn raise_read_ahead(mountpoint: &Path, kib: u32) {
+    let Ok(m) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = m.dev();
+    let p = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    match std::fs::write(&p, kib.to_string()) {
+        Ok(()) => log::info!("{p} = {kib}"),
+        Err(e) => log::info!("cannot raise readahead ({p}: {e}); using the kernel default"),
+    }
+}
+
+fn foreground(
+    a: &MountArgs,
+    store: PathBuf,
+    mountpoint: PathBuf,
+    cache_bytes: u64,
+    threads: Option<usize>,
+) -> Result<ExitCode> {
+    let level = a.log_level.clone();
+    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if let Some(l) = level {
+        b.parse_filters(&l);
+    }
+    let _ = b.try_init();
+    // Decoded blocks are ~1 MiB: keep them out of malloc arenas (mmap'd,
+    // returned to the OS on free) so the resident size tracks the cache.
+    // SAFETY: mallopt only tunes the allocator.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+    }
+    let n_threads = threads.unwrap_or_else(default_threads);
+    let fs = CheckpointFs::new(FsConfig {
+        store: store.clone(),
+        cache_bytes,
+        ttl: Duration::from_secs(1),
+    })
+    .map_err(|e| format!("{}: {e}", store.display()))?;
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("ckptfs:{}", store.display())),
+        MountOption::Subtype("ckptfs".into()),
+        MountOption::RO,
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    config.acl = if a.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(n_threads);
+    config.clone_fd = true;
+    let signals = signal_pipe()?;
+    let mut session = Session::new(
+        CheckpointFuse::new(std::sync::Arc::new(fs)),
+        &mountpoint,
+        &config,
+    )
+    .map_err(|e| format!("{}: cannot mount: {e}", mountpoint.display()))?;
+    raise_read_ahead(&mountpoint, 16 << 10);
+    log::info!(
+        "mounted {} at {} ({} threads, cache {} MiB)",
+        store.display(),
+        mountpoint.display(),
+        n_threads,
+        cache_bytes >> 20
+    );
+    let mut unmounter = session.unmount_callable();
+    let mp = mountpoint.clone();
+    std::thread::Builder::new()
+        .name("ckptfs-signals".into())
+        .spawn(move || {
+            let mut signals = signals;
+            let mut byte = [0u8; 1];
+            if std::io::Read::read(&mut signals, &mut byte).unwrap_or(0) == 1 {
+                log::info!("signal received; unmounting {}", mp.display());
+                if let Err(e) = unmounter.unmount() {
+                    log::info!("unmount: {e}; detaching lazily");
+                    lazy_unmount(&mp);
+                }
+            }
+        })?;
+    session
+        .run()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    log::info!("unmounted {}", mountpoint.display());
+    let _ = std::io::stderr().flush();
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn umount(_g: Global, a: UmountArgs) -> Result<ExitCode> {
+    let mp = a
+        .mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
+        let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: `c` is a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+            let e = std::io::Error::last_os_error();
+            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                " (files are open; --lazy detaches now and finishes when they close)"
+            } else {
+                ""
+            };
+            return Err(format!("{}: {e}{hint}", mp.display()).into());
+        }
+    } else {
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u");
+        if a.lazy {
+            cmd.arg("-z");
+        }
+        let st = cmd
+            .arg(&mp)
+            .status()
+            .map_err(|e| format!("fusermount3: {e}"))?;
+        if !st.success() {
+            return Err(format!("{}: fusermount3 -u failed", mp.display()).into());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3X").is_err());
+    }
+}

@@ -1,0 +1,807 @@
+//! `CheckpointFs`: the filesystem logic of `ckptfs mount`, with no FUSE in
+//! it. `crate::fuse` is a thin adapter that converts fuser types and calls
+//! these methods; tests drive them directly, without a mount.
+//!
+//! What it owns:
+//! - the namespace ([`namespace`]): `X.zstn` / `X.safetensors.zstn` shown
+//!   as `X.safetensors`, everything else passed through;
+//! - the inode table ([`inode`]): stable numbers per (path, backing file);
+//! - attributes: archives report the logical size from the index (parsed
+//!   once per backing version, nothing decoded) and the backing file's
+//!   `st_blocks`, owner, mode and times;
+//! - open handles: an archive handle holds the `Arc<Archive>` of the
+//!   version it opened (its mmap keeps that version alive after a
+//!   rename-replace in STORE); a plain handle holds the backing `File`;
+//! - the read path: archive reads go through the shared [`BlockCache`],
+//!   with per-handle sequential detection and parallel prefetch
+//!   ([`prefetch`]); plain reads are `pread`s (or kernel passthrough,
+//!   decided by the adapter).
+//!
+//! Freshness: every `lookup` and `getattr` re-stats the backing path, and
+//! directory listings are read from STORE at `opendir`, so files that
+//! appear, change or disappear in STORE show up on the next lookup or
+//! listing. No negative entries are kept.
+//!
+//! Errors: one [`FsError`] with an exhaustive errno mapping. A backing
+//! archive that cannot be parsed is still listed (with its stored size);
+//! opening it fails with EIO and logs the file and reason. A block that
+//! fails to decode answers EIO for the reads that need it, only.
+//!
+//! Lock order: `handles`, then the inode table, then an inode's state,
+//! then the block cache. No lock is held while decoding.
+
+pub mod error;
+pub mod inode;
+pub mod namespace;
+pub mod prefetch;
+
+pub use error::{FsError, Result};
+pub use inode::{NodeKind, ROOT_INO};
+
+use crate::archive::{Archive, ArchiveError, BlockKey, PieceSource};
+use crate::cache::{BlockCache, CacheKey, CacheStats, FetchError};
+use inode::{Inode, InodeTable};
+use prefetch::{Policy, Sequential};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, Metadata};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirEntryExt, FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Extended attributes an archive answers.
+pub const XATTR_STORED_SIZE: &str = "user.ckptfs.stored_size";
+pub const XATTR_RATIO: &str = "user.ckptfs.ratio";
+pub const XATTR_FORMAT: &str = "user.ckptfs.format";
+pub const XATTR_CHECKSUMS: &str = "user.ckptfs.checksums";
+pub const XATTR_ERROR: &str = "user.ckptfs.error";
+
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    pub store: PathBuf,
+    /// Byte budget of the decoded-block cache.
+    pub cache_bytes: u64,
+    /// How long the kernel may cache entries and attributes.
+    pub ttl: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Directory,
+    RegularFile,
+    Symlink,
+    NamedPipe,
+    CharDevice,
+    BlockDevice,
+    Socket,
+}
+
+impl FileKind {
+    fn from_mode(mode: u32) -> FileKind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => FileKind::Directory,
+            libc::S_IFLNK => FileKind::Symlink,
+            libc::S_IFIFO => FileKind::NamedPipe,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            libc::S_IFSOCK => FileKind::Socket,
+            _ => FileKind::RegularFile,
+        }
+    }
+}
+
+/// File attributes as the mount presents them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    /// 512-byte blocks the backing file occupies (compressed, for archives).
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub kind: FileKind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub attr: Attr,
+    pub ttl: Duration,
+}
+
+/// The result of `open`.
+#[derive(Debug)]
+pub enum Opened {
+    /// Served from the block cache; `keep_cache` when the kernel's page
+    /// cache holds this same archive version from a previous open.
+    Archive { fh: u64, keep_cache: bool },
+    /// A plain file; the adapter may pass `file` to the kernel
+    /// (passthrough) or let reads come here.
+    Plain { fh: u64, file: Arc<File> },
+}
+
+/// Receives directory entries; returns true when its buffer is full.
+pub trait DirectoryReplier {
+    fn add(&mut self, ino: u64, offset: u64, kind: FileKind, name: &OsStr) -> bool;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// A backing file version: size and change times (with the inode's
+/// identity, this tells whether the file was modified in place).
+type Version = (u64, i64, i64, i64, i64);
+
+fn version_of(m: &Metadata) -> Version {
+    (
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// The parsed archive of one backing version, or why it cannot be parsed.
+#[derive(Debug, Clone)]
+pub struct ArchiveSlot {
+    version: Version,
+    /// Unique per process: the cache key of this version's blocks.
+    generation: u64,
+    archive: std::result::Result<Arc<Archive>, Arc<String>>,
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+struct ArchiveHandle {
+    archive: Arc<Archive>,
+    generation: u64,
+    seq: Mutex<Sequential>,
+}
+
+#[derive(Debug, Clone)]
+struct DirItem {
+    ino: u64,
+    kind: FileKind,
+    name: OsString,
+}
+
+enum Handle {
+    Archive(ArchiveHandle),
+    Plain(Arc<File>),
+    Dir(Vec<DirItem>),
+}
+
+pub struct CheckpointFs {
+    store: PathBuf,
+    inodes: InodeTable,
+    handles: RwLock<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    cache: Arc<BlockCache<ArchiveError>>,
+    policy: Policy,
+    ttl: Duration,
+    /// Backing paths already warned about (shadowed archives).
+    warned: Mutex<HashSet<PathBuf>>,
+}
+
+impl std::fmt::Debug for CheckpointFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointFs")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+fn to_time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    }
+}
+
+fn attr_from_meta(ino: u64, m: &Metadata, size: u64) -> Attr {
+    Attr {
+        ino,
+        size,
+        blocks: m.blocks(),
+        atime: to_time(m.atime(), m.atime_nsec()),
+        mtime: to_time(m.mtime(), m.mtime_nsec()),
+        ctime: to_time(m.ctime(), m.ctime_nsec()),
+        kind: FileKind::from_mode(m.mode()),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev() as u32,
+        blksize: m.blksize() as u32,
+    }
+}
+
+fn not_found_is(e: io::Error) -> FsError {
+    if e.kind() == io::ErrorKind::NotFound {
+        FsError::NotFound
+    } else {
+        FsError::Io(e)
+    }
+}
+
+impl CheckpointFs {
+    pub fn new(cfg: FsConfig) -> io::Result<CheckpointFs> {
+        let store = cfg.store.canonicalize()?;
+        let m = std::fs::metadata(&store)?;
+        if !m.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{}: not a directory", store.display()),
+            ));
+        }
+        Ok(CheckpointFs {
+            inodes: InodeTable::new((m.dev(), m.ino())),
+            store,
+            handles: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            cache: Arc::new(BlockCache::new(cfg.cache_bytes)),
+            policy: Policy::for_cache(cfg.cache_bytes),
+            ttl: cfg.ttl,
+            warned: Mutex::new(HashSet::new()),
+        })
+    }
+
+    pub fn store(&self) -> &Path {
+        &self.store
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    fn full(&self, inode: &Inode) -> PathBuf {
+        self.store.join(&inode.backing)
+    }
+
+    fn inode(&self, ino: u64) -> Result<Arc<Inode>> {
+        // The kernel only names inodes we gave it; an unknown one was
+        // forgotten and superseded, which is what ESTALE means.
+        self.inodes.get(ino).ok_or(FsError::Stale)
+    }
+
+    fn dir_inode(&self, ino: u64) -> Result<Arc<Inode>> {
+        let i = self.inode(ino)?;
+        match i.kind {
+            NodeKind::Directory => Ok(i),
+            NodeKind::Archive | NodeKind::Plain => Err(FsError::NotADirectory),
+        }
+    }
+
+    fn warn_once(&self, path: &Path, msg: impl FnOnce() -> String) {
+        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if w.insert(path.to_path_buf()) {
+            log::warn!("{}", msg());
+        }
+    }
+
+    fn warn_shadowed(&self, dir: &Path, hidden: &OsStr, shown: &OsStr) {
+        let hidden = dir.join(hidden);
+        self.warn_once(&hidden, || {
+            format!(
+                "{}: hidden by {} (both present the same name; the plain file is shown)",
+                hidden.display(),
+                dir.join(shown).display()
+            )
+        });
+    }
+
+    /// Which backing entry presents `name` in directory `dir`.
+    fn resolve_name(&self, dir: &Path, name: &OsStr) -> Result<(OsString, NodeKind, Metadata)> {
+        let cands = namespace::archive_candidates(name);
+        match std::fs::symlink_metadata(dir.join(name)) {
+            Ok(m) => {
+                if m.is_file() && namespace::is_archive_name(name) {
+                    // Shown under its `.safetensors` name instead.
+                    return Err(FsError::NotFound);
+                }
+                for c in &cands {
+                    if std::fs::symlink_metadata(dir.join(c)).is_ok_and(|m| m.is_file()) {
+                        self.warn_shadowed(dir, c, name);
+                    }
+                }
+                let kind = if m.is_dir() {
+                    NodeKind::Directory
+                } else {
+                    NodeKind::Plain
+                };
+                Ok((name.to_os_string(), kind, m))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let mut found: Option<(OsString, Metadata)> = None;
+                for c in cands {
+                    match std::fs::symlink_metadata(dir.join(&c)) {
+                        Ok(m) if m.is_file() => match &found {
+                            None => found = Some((c, m)),
+                            Some((winner, _)) => self.warn_shadowed(dir, &c, winner),
+                        },
+                        _ => {}
+                    }
+                }
+                let (c, m) = found.ok_or(FsError::NotFound)?;
+                Ok((c, NodeKind::Archive, m))
+            }
+            Err(e) => Err(FsError::Io(e)),
+        }
+    }
+
+    /// The parsed archive for the backing version `meta` describes,
+    /// parsing it if this version has not been seen yet.
+    fn archive_slot(&self, inode: &Inode, meta: &Metadata) -> Result<ArchiveSlot> {
+        let mut st = inode.state();
+        if let Some(s) = &st.archive {
+            if s.version == version_of(meta) {
+                return Ok(s.clone());
+            }
+        }
+        let path = self.full(inode);
+        let file = File::open(&path).map_err(not_found_is)?;
+        let fm = file.metadata()?;
+        if (fm.dev(), fm.ino()) != inode.identity {
+            return Err(FsError::Stale);
+        }
+        let archive = match Archive::from_file(&file, &path) {
+            Ok(a) => Ok(Arc::new(a)),
+            Err(e) => {
+                log::warn!("{e} (listed with its stored size; opening it fails with EIO)");
+                Err(Arc::new(match e {
+                    ArchiveError::Io { source, .. } => source.to_string(),
+                    ArchiveError::Container { source, .. } => source.to_string(),
+                    ArchiveError::Frame { tensor, source, .. } => {
+                        format!("tensor {tensor:?}: {source}")
+                    }
+                    ArchiveError::Integrity { what, .. } => what,
+                }))
+            }
+        };
+        let slot = ArchiveSlot {
+            version: version_of(&fm),
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            archive,
+        };
+        st.archive = Some(slot.clone());
+        Ok(slot)
+    }
+
+    fn attr_of(&self, inode: &Inode, meta: &Metadata) -> Result<Attr> {
+        let size = match inode.kind {
+            NodeKind::Archive => match &self.archive_slot(inode, meta)?.archive {
+                Ok(a) => a.logical_len(),
+                Err(_) => meta.len(),
+            },
+            NodeKind::Directory | NodeKind::Plain => meta.len(),
+        };
+        let attr = attr_from_meta(inode.ino, meta, size);
+        inode.state().attr = Some(attr);
+        Ok(attr)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
+        let p = self.dir_inode(parent)?;
+        let dir = self.full(&p);
+        let (backing, kind, meta) = self.resolve_name(&dir, name)?;
+        let inode = self.inodes.assign(
+            parent,
+            name,
+            p.backing.join(&backing),
+            kind,
+            (meta.dev(), meta.ino()),
+        );
+        let attr = self.attr_of(&inode, &meta)?;
+        inode.state().lookups += 1;
+        Ok(Entry {
+            attr,
+            ttl: self.ttl,
+        })
+    }
+
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        self.inodes.forget(ino, nlookup);
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let inode = self.inode(ino)?;
+        match std::fs::symlink_metadata(self.full(&inode)) {
+            Ok(m) if (m.dev(), m.ino()) == inode.identity => self.attr_of(&inode, &m),
+            // The path was replaced or removed: this inode is the old file;
+            // answer what it last was (as a local fs does for an unlinked
+            // but referenced inode).
+            Ok(_) => inode.state().attr.ok_or(FsError::Stale),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                inode.state().attr.ok_or(FsError::NotFound)
+            }
+            Err(e) => Err(FsError::Io(e)),
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        Ok(std::fs::read_link(self.full(&inode))
+            .map_err(not_found_is)?
+            .into_os_string()
+            .into_encoded_bytes())
+    }
+
+    fn insert_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fh, Arc::new(h));
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle(fh))
+    }
+
+    /// Opens a file for reading. `flags` are the open(2) flags.
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return Err(FsError::ReadOnly);
+        }
+        let inode = self.inode(ino)?;
+        let path = self.full(&inode);
+        match inode.kind {
+            NodeKind::Directory => Err(FsError::IsADirectory),
+            NodeKind::Plain => {
+                let file = File::open(&path).map_err(not_found_is)?;
+                let m = file.metadata()?;
+                if (m.dev(), m.ino()) != inode.identity {
+                    return Err(FsError::Stale);
+                }
+                let file = Arc::new(file);
+                let fh = self.insert_handle(Handle::Plain(file.clone()));
+                Ok(Opened::Plain { fh, file })
+            }
+            NodeKind::Archive => {
+                let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+                if (m.dev(), m.ino()) != inode.identity {
+                    return Err(FsError::Stale);
+                }
+                let slot = self.archive_slot(&inode, &m)?;
+                let archive = match slot.archive {
+                    Ok(a) => a,
+                    Err(reason) => {
+                        let e = FsError::BadArchive { path, reason };
+                        log::error!("{e}");
+                        return Err(e);
+                    }
+                };
+                let keep_cache = {
+                    let mut st = inode.state();
+                    let keep = st.last_open_generation == Some(slot.generation);
+                    st.last_open_generation = Some(slot.generation);
+                    keep
+                };
+                let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    archive,
+                    generation: slot.generation,
+                    seq: Mutex::new(Sequential::default()),
+                }));
+                Ok(Opened::Archive { fh, keep_cache })
+            }
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` (short only at end of file).
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        match &*h {
+            Handle::Plain(file) => {
+                let mut buf = vec![0u8; size as usize];
+                let mut n = 0;
+                while n < buf.len() {
+                    match file.read_at(&mut buf[n..], offset + n as u64) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(FsError::Io(e)),
+                    }
+                }
+                buf.truncate(n);
+                Ok(buf)
+            }
+            Handle::Archive(a) => self.read_archive(a, offset, size),
+            Handle::Dir(_) => Err(FsError::IsADirectory),
+        }
+    }
+
+    fn read_archive(&self, h: &ArchiveHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let archive = &h.archive;
+        let len = archive.logical_len();
+        if offset >= len {
+            return Ok(Vec::new());
+        }
+        let n = (size as u64).min(len - offset);
+        let ahead =
+            h.seq
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .on_read(offset, n, len, &self.policy);
+        if let Some(range) = ahead {
+            self.prefetch(h, range);
+        }
+        let mut buf = vec![0u8; n as usize];
+        let failed: RefCell<Option<FsError>> = RefCell::new(None);
+        let fetch = |k: BlockKey| {
+            let key = CacheKey {
+                generation: h.generation,
+                block: k,
+            };
+            self.cache
+                .get_or_load(key, || archive.decode_block(k))
+                .map_err(|e| {
+                    *failed.borrow_mut() = Some(match e {
+                        FetchError::Load(e) => FsError::Decode(e),
+                        FetchError::Panicked => FsError::DecodePanicked,
+                    });
+                    // Placeholder; the shared error above is what we report.
+                    ArchiveError::Integrity {
+                        path: archive.path().to_path_buf(),
+                        what: "block fetch failed".into(),
+                    }
+                })
+        };
+        match archive.read_with(offset, &mut buf, &fetch) {
+            Ok(k) => {
+                buf.truncate(k);
+                Ok(buf)
+            }
+            Err(e) => {
+                let err = failed
+                    .into_inner()
+                    .unwrap_or_else(|| FsError::Decode(Arc::new(e)));
+                log::error!("read at {offset}+{n}: {err}");
+                Err(err)
+            }
+        }
+    }
+
+    /// Decodes the blocks of `range` into the cache on the rayon pool.
+    fn prefetch(&self, h: &ArchiveHandle, range: std::ops::Range<u64>) {
+        let pieces = match h.archive.plan(range) {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!("prefetch plan: {e}");
+                return;
+            }
+        };
+        let mut last = None;
+        for p in pieces {
+            let PieceSource::Block(k) = p.source else {
+                continue;
+            };
+            if last == Some(k) {
+                continue;
+            }
+            last = Some(k);
+            let key = CacheKey {
+                generation: h.generation,
+                block: k,
+            };
+            if self.cache.contains_or_loading(&key) {
+                continue;
+            }
+            let cache = self.cache.clone();
+            let archive = h.archive.clone();
+            rayon::spawn(move || {
+                if let Err(FetchError::Load(e)) = cache.get_or_load(key, || archive.decode_block(k))
+                {
+                    log::debug!("prefetch: {e}");
+                }
+            });
+        }
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh);
+    }
+
+    /// Reads the directory from STORE now; `readdir` serves this snapshot.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let d = self.dir_inode(ino)?;
+        let dir = self.full(&d);
+        let mut raw = Vec::new();
+        let mut kinds = HashMap::new();
+        for e in std::fs::read_dir(&dir).map_err(not_found_is)? {
+            let e = e?;
+            let ft = e.file_type()?;
+            kinds.insert(e.file_name(), (ft, e.ino()));
+            raw.push((e.file_name(), ft.is_file()));
+        }
+        let (resolved, shadowed) = namespace::resolve_dir(&raw);
+        for s in shadowed {
+            self.warn_shadowed(&dir, &s.hidden, &s.shown);
+        }
+        let mut items = vec![
+            DirItem {
+                ino: d.ino,
+                kind: FileKind::Directory,
+                name: ".".into(),
+            },
+            DirItem {
+                ino: d.parent,
+                kind: FileKind::Directory,
+                name: "..".into(),
+            },
+        ];
+        for r in resolved {
+            let (ft, bino) = kinds[&r.backing];
+            let (kind, fk) = if r.archive {
+                (NodeKind::Archive, FileKind::RegularFile)
+            } else if ft.is_dir() {
+                (NodeKind::Directory, FileKind::Directory)
+            } else {
+                use std::os::unix::fs::FileTypeExt;
+                let fk = if ft.is_symlink() {
+                    FileKind::Symlink
+                } else if ft.is_fifo() {
+                    FileKind::NamedPipe
+                } else if ft.is_socket() {
+                    FileKind::Socket
+                } else if ft.is_char_device() {
+                    FileKind::CharDevice
+                } else if ft.is_block_device() {
+                    FileKind::BlockDevice
+                } else {
+                    FileKind::RegularFile
+                };
+                (NodeKind::Plain, fk)
+            };
+            let inode = self.inodes.assign(
+                d.ino,
+                &r.presented,
+                d.backing.join(&r.backing),
+                kind,
+                (d.identity.0, bino),
+            );
+            items.push(DirItem {
+                ino: inode.ino,
+                kind: fk,
+                name: r.presented,
+            });
+        }
+        Ok(self.insert_handle(Handle::Dir(items)))
+    }
+
+    pub fn readdir(&self, fh: u64, offset: u64, out: &mut dyn DirectoryReplier) -> Result<()> {
+        let h = self.handle(fh)?;
+        let Handle::Dir(items) = &*h else {
+            return Err(FsError::NotADirectory);
+        };
+        for (i, it) in items.iter().enumerate().skip(offset as usize) {
+            if out.add(it.ino, i as u64 + 1, it.kind, &it.name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.release(fh);
+    }
+
+    /// The `user.ckptfs.*` attributes of an inode, as (name, value).
+    fn xattrs(&self, ino: u64) -> Result<Vec<(&'static str, String)>> {
+        let inode = self.inode(ino)?;
+        match inode.kind {
+            NodeKind::Directory | NodeKind::Plain => return Ok(Vec::new()),
+            NodeKind::Archive => {}
+        }
+        let m = std::fs::symlink_metadata(self.full(&inode)).map_err(not_found_is)?;
+        if (m.dev(), m.ino()) != inode.identity {
+            return Err(FsError::Stale);
+        }
+        let slot = self.archive_slot(&inode, &m)?;
+        Ok(match &slot.archive {
+            Ok(a) => {
+                let ratio = if a.stored_len() == 0 {
+                    1.0
+                } else {
+                    a.logical_len() as f64 / a.stored_len() as f64
+                };
+                vec![
+                    (XATTR_STORED_SIZE, a.stored_len().to_string()),
+                    (XATTR_RATIO, format!("{ratio:.3}")),
+                    (XATTR_FORMAT, "zstn-v3".to_string()),
+                    (
+                        XATTR_CHECKSUMS,
+                        if a.extension().is_some() {
+                            "ckx1"
+                        } else {
+                            "none"
+                        }
+                        .to_string(),
+                    ),
+                ]
+            }
+            Err(reason) => vec![
+                (XATTR_STORED_SIZE, m.len().to_string()),
+                (XATTR_ERROR, reason.to_string()),
+            ],
+        })
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+        self.xattrs(ino)?
+            .into_iter()
+            .find(|(n, _)| n.as_bytes() == name.as_bytes())
+            .map(|(_, v)| v.into_bytes())
+            .ok_or(FsError::NoXattr)
+    }
+
+    /// Attribute names, each NUL-terminated (the listxattr(2) format).
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for (n, _) in self.xattrs(ino)? {
+            out.extend_from_slice(n.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// Statistics of the filesystem holding STORE.
+    pub fn statfs(&self) -> Result<StatFs> {
+        let c = std::ffi::CString::new(self.store.as_os_str().as_bytes())
+            .map_err(|e| FsError::Io(io::Error::other(e)))?;
+        // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid NUL-terminated path and `s` a writable
+        // statvfs that outlives the call.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+            return Err(FsError::Io(io::Error::last_os_error()));
+        }
+        Ok(StatFs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,383 @@
+//! `CheckpointFs` driven directly, without a mount, over a store built from
+//! the shared test vectors.
+
+use super::*;
+use std::path::PathBuf;
+
+fn vectors() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/vectors")
+}
+
+/// Every vector archive (by stem) with its original.
+fn vector_stems() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(vectors())
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            n.strip_suffix(".zstn").map(str::to_string)
+        })
+        .filter(|s| vectors().join(format!("{s}.safetensors")).exists())
+        .collect();
+    v.sort();
+    v
+}
+
+fn store() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for s in vector_stems() {
+        std::fs::copy(
+            vectors().join(format!("{s}.zstn")),
+            d.path().join(format!("{s}.zstn")),
+        )
+        .unwrap();
+    }
+    std::fs::write(d.path().join("config.json"), b"{\"a\": 1}\n").unwrap();
+    std::fs::create_dir(d.path().join("sub")).unwrap();
+    std::fs::copy(
+        vectors().join("tiny.zstn"),
+        d.path().join("sub/tiny.safetensors.zstn"),
+    )
+    .unwrap();
+    d
+}
+
+fn fs_over(store: &Path, cache: u64) -> CheckpointFs {
+    CheckpointFs::new(FsConfig {
+        store: store.to_path_buf(),
+        cache_bytes: cache,
+        ttl: Duration::from_secs(1),
+    })
+    .unwrap()
+}
+
+struct VecReplier(Vec<(u64, u64, FileKind, OsString)>);
+
+impl DirectoryReplier for VecReplier {
+    fn add(&mut self, ino: u64, offset: u64, kind: FileKind, name: &OsStr) -> bool {
+        self.0.push((ino, offset, kind, name.to_os_string()));
+        false
+    }
+}
+
+fn list(fs: &CheckpointFs, ino: u64) -> Vec<(u64, u64, FileKind, OsString)> {
+    let fh = fs.opendir(ino).unwrap();
+    let mut r = VecReplier(Vec::new());
+    fs.readdir(fh, 0, &mut r).unwrap();
+    fs.releasedir(fh);
+    r.0
+}
+
+fn read_all(fs: &CheckpointFs, ino: u64) -> Result<Vec<u8>> {
+    let Opened::Archive { fh, .. } = fs.open(ino, libc::O_RDONLY)? else {
+        panic!("not an archive")
+    };
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(fh, out.len() as u64, 200_000)?;
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    fs.release(fh);
+    Ok(out)
+}
+
+#[test]
+fn lists_archives_as_safetensors_and_passes_the_rest_through() {
+    let d = store();
+    let fs = fs_over(d.path(), 64 << 20);
+    let names: Vec<String> = list(&fs, ROOT_INO)
+        .into_iter()
+        .map(|e| e.3.into_string().unwrap())
+        .collect();
+    let mut expected: Vec<String> = vector_stems()
+        .iter()
+        .map(|s| format!("{s}.safetensors"))
+        .collect();
+    expected.extend([".", "..", "config.json", "sub"].map(String::from));
+    expected.sort();
+    let mut got = names.clone();
+    got.sort();
+    assert_eq!(got, expected);
+    let sub = fs.lookup(ROOT_INO, OsStr::new("sub")).unwrap();
+    let sub_names: Vec<_> = list(&fs, sub.attr.ino).into_iter().map(|e| e.3).collect();
+    assert!(sub_names.contains(&OsString::from("tiny.safetensors")));
+    // The backing name is not presented.
+    assert!(matches!(
+        fs.lookup(ROOT_INO, OsStr::new("tiny.zstn")),
+        Err(FsError::NotFound)
+    ));
+}
+
+#[test]
+fn attributes_size_from_index_blocks_owner_mode_times_from_backing() {
+    let d = store();
+    let fs = fs_over(d.path(), 64 << 20);
+    for s in vector_stems() {
+        let e = fs
+            .lookup(ROOT_INO, OsStr::new(&format!("{s}.safetensors")))
+            .unwrap();
+        let orig = std::fs::metadata(vectors().join(format!("{s}.safetensors"))).unwrap();
+        let backing = std::fs::metadata(d.path().join(format!("{s}.zstn"))).unwrap();
+        assert_eq!(e.attr.size, orig.len(), "{s}");
+        assert_eq!(e.attr.blocks, backing.blocks(), "{s}");
+        assert_eq!(e.attr.uid, backing.uid());
+        assert_eq!(e.attr.perm as u32, backing.mode() & 0o7777);
+        assert_eq!(
+            e.attr.mtime,
+            to_time(backing.mtime(), backing.mtime_nsec()),
+            "{s}"
+        );
+        assert_eq!(e.attr.kind, FileKind::RegularFile);
+        // Stable: a second lookup gives the same inode.
+        let again = fs
+            .lookup(ROOT_INO, OsStr::new(&format!("{s}.safetensors")))
+            .unwrap();
+        assert_eq!(again.attr.ino, e.attr.ino);
+        // (atime may move: parsing the index reads the backing file.)
+        let mut now = fs.getattr(e.attr.ino).unwrap();
+        now.atime = e.attr.atime;
+        assert_eq!(now, e.attr);
+    }
+}
+
+#[test]
+fn every_vector_reads_back_identical_through_the_cache() {
+    let d = store();
+    let fs = fs_over(d.path(), 64 << 20);
+    let mut failures = Vec::new();
+    for s in vector_stems() {
+        let e = fs
+            .lookup(ROOT_INO, OsStr::new(&format!("{s}.safetensors")))
+            .unwrap();
+        let orig = std::fs::read(vectors().join(format!("{s}.safetensors"))).unwrap();
+        match read_all(&fs, e.attr.ino) {
+            Ok(got) => assert!(got == orig, "{s}: bytes differ"),
+            Err(err) => failures.push(format!("{s}: {err}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn random_ranges_match_and_a_second_pass_hits_the_cache() {
+    let d = store();
+    let fs = fs_over(d.path(), 64 << 20);
+    let e = fs
+        .lookup(ROOT_INO, OsStr::new("fp16_dense.safetensors"))
+        .unwrap();
+    let orig = std::fs::read(vectors().join("fp16_dense.safetensors")).unwrap();
+    let Opened::Archive { fh, keep_cache } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!()
+    };
+    assert!(!keep_cache, "first open of a version");
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    for _ in 0..200 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let off = x % orig.len() as u64;
+        let len = (x >> 32) % 300_000;
+        let got = fs.read(fh, off, len as u32).unwrap();
+        let end = (off + len).min(orig.len() as u64);
+        assert_eq!(got, &orig[off as usize..end as usize]);
+    }
+    assert!(fs.cache_stats().hits > 0);
+    fs.release(fh);
+    let Opened::Archive { keep_cache, fh } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!()
+    };
+    assert!(keep_cache, "same version opened again keeps the page cache");
+    fs.release(fh);
+}
+
+#[test]
+fn writes_are_refused() {
+    let d = store();
+    let fs = fs_over(d.path(), 1 << 20);
+    let e = fs.lookup(ROOT_INO, OsStr::new("tiny.safetensors")).unwrap();
+    assert!(matches!(
+        fs.open(e.attr.ino, libc::O_RDWR),
+        Err(FsError::ReadOnly)
+    ));
+}
+
+#[test]
+fn bad_archive_is_listed_with_stored_size_and_open_fails_with_eio() {
+    let d = store();
+    std::fs::write(d.path().join("broken.zstn"), b"ZSTNgarbage-not-an-archive").unwrap();
+    let fs = fs_over(d.path(), 1 << 20);
+    let names: Vec<_> = list(&fs, ROOT_INO).into_iter().map(|e| e.3).collect();
+    assert!(names.contains(&OsString::from("broken.safetensors")));
+    let e = fs
+        .lookup(ROOT_INO, OsStr::new("broken.safetensors"))
+        .unwrap();
+    assert_eq!(e.attr.size, 26);
+    let err = fs.open(e.attr.ino, libc::O_RDONLY).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO);
+    assert!(err.to_string().contains("broken.zstn"), "{err}");
+    assert!(fs.getxattr(e.attr.ino, OsStr::new(XATTR_ERROR)).is_ok());
+    // Neighbours are fine.
+    let t = fs.lookup(ROOT_INO, OsStr::new("tiny.safetensors")).unwrap();
+    assert!(read_all(&fs, t.attr.ino).is_ok());
+}
+
+#[test]
+fn corrupt_block_fails_that_read_only() {
+    let d = store();
+    // Flip bytes in the middle of the frames of a checksum-less archive:
+    // some reads must fail with EIO, and the header stays readable.
+    let p = d.path().join("fp16_dense.zstn");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&p, &bytes).unwrap();
+    let fs = fs_over(d.path(), 1 << 20);
+    let e = fs
+        .lookup(ROOT_INO, OsStr::new("fp16_dense.safetensors"))
+        .unwrap();
+    let orig = std::fs::read(vectors().join("fp16_dense.safetensors")).unwrap();
+    let Opened::Archive { fh, .. } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!()
+    };
+    assert_eq!(fs.read(fh, 0, 8).unwrap(), &orig[..8]);
+    let whole = fs.read(fh, 0, orig.len() as u32);
+    match whole {
+        Err(err) => assert_eq!(err.errno(), libc::EIO),
+        // zstd without checksums may decode garbage; it must not match.
+        Ok(b) => assert_ne!(b, orig),
+    }
+    fs.release(fh);
+}
+
+#[test]
+fn plain_file_shadows_archive_and_plain_files_pass_through() {
+    let d = store();
+    std::fs::write(d.path().join("tiny.safetensors"), b"plain wins").unwrap();
+    let fs = fs_over(d.path(), 1 << 20);
+    let e = fs.lookup(ROOT_INO, OsStr::new("tiny.safetensors")).unwrap();
+    assert_eq!(e.attr.size, 10);
+    let Opened::Plain { fh, .. } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!()
+    };
+    assert_eq!(fs.read(fh, 0, 100).unwrap(), b"plain wins");
+    let names: Vec<_> = list(&fs, ROOT_INO).into_iter().map(|e| e.3).collect();
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| n.as_os_str() == "tiny.safetensors")
+            .count(),
+        1
+    );
+    assert_eq!(fs.listxattr(e.attr.ino).unwrap(), b"");
+}
+
+#[test]
+fn files_added_or_replaced_in_store_show_up_and_open_handles_keep_their_version() {
+    let d = store();
+    let fs = fs_over(d.path(), 64 << 20);
+    assert!(matches!(
+        fs.lookup(ROOT_INO, OsStr::new("late.safetensors")),
+        Err(FsError::NotFound)
+    ));
+    std::fs::copy(vectors().join("tiny.zstn"), d.path().join("late.zstn")).unwrap();
+    let e = fs.lookup(ROOT_INO, OsStr::new("late.safetensors")).unwrap();
+    let tiny = std::fs::read(vectors().join("tiny.safetensors")).unwrap();
+    assert_eq!(e.attr.size, tiny.len() as u64);
+    let Opened::Archive { fh, .. } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!()
+    };
+    // Replace it by rename with another archive.
+    let tmp = d.path().join(".late.tmp");
+    std::fs::copy(vectors().join("ints.zstn"), &tmp).unwrap();
+    std::fs::rename(&tmp, d.path().join("late.zstn")).unwrap();
+    // The open handle still reads the old version.
+    assert_eq!(fs.read(fh, 0, 1 << 20).unwrap(), tiny);
+    // A new lookup sees the new file, under a new inode.
+    let e2 = fs.lookup(ROOT_INO, OsStr::new("late.safetensors")).unwrap();
+    let ints = std::fs::read(vectors().join("ints.safetensors")).unwrap();
+    assert_ne!(e2.attr.ino, e.attr.ino);
+    assert_eq!(e2.attr.size, ints.len() as u64);
+    assert_eq!(read_all(&fs, e2.attr.ino).unwrap(), ints);
+    // The old inode answers its last attributes; opening it is stale.
+    assert_eq!(fs.getattr(e.attr.ino).unwrap().size, tiny.len() as u64);
+    assert!(matches!(
+        fs.open(e.attr.ino, libc::O_RDONLY),
+        Err(FsError::Stale)
+    ));
+    fs.release(fh);
+}
+
+#[test]
+fn xattrs_report_stored_size_ratio_and_format() {
+    let d = store();
+    let fs = fs_over(d.path(), 1 << 20);
+    let e = fs
+        .lookup(ROOT_INO, OsStr::new("fp16_dense.safetensors"))
+        .unwrap();
+    let names = fs.listxattr(e.attr.ino).unwrap();
+    assert!(names.starts_with(b"user.ckptfs.stored_size\0"));
+    let stored = fs
+        .getxattr(e.attr.ino, OsStr::new(XATTR_STORED_SIZE))
+        .unwrap();
+    let backing = std::fs::metadata(d.path().join("fp16_dense.zstn")).unwrap();
+    assert_eq!(stored, backing.len().to_string().into_bytes());
+    let ratio: f64 = String::from_utf8(fs.getxattr(e.attr.ino, OsStr::new(XATTR_RATIO)).unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ratio > 1.0);
+    assert_eq!(
+        fs.getxattr(e.attr.ino, OsStr::new(XATTR_FORMAT)).unwrap(),
+        b"zstn-v3"
+    );
+    assert!(matches!(
+        fs.getxattr(e.attr.ino, OsStr::new("user.other")),
+        Err(FsError::NoXattr)
+    ));
+}
+
+#[test]
+fn statfs_reports_the_backing_filesystem() {
+    let d = store();
+    let fs = fs_over(d.path(), 1 << 20);
+    let s = fs.statfs().unwrap();
+    assert!(s.blocks > 0 && s.bsize > 0);
+}
+
+#[test]
+fn concurrent_readers_of_one_handle_get_correct_bytes() {
+    let d = store();
+    let fs = Arc::new(fs_over(d.path(), 2 << 20));
+    let e = fs
+        .lookup(ROOT_INO, OsStr::new("fp16_dense.safetensors"))
+        .unwrap();
+    let orig = Arc::new(std::fs::read(vectors().join("fp16_dense.safetensors")).unwrap());
+    let Opened::Archive { fh, .. } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!()
+    };
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (fs, orig) = (fs.clone(), orig.clone());
+            std::thread::spawn(move || {
+                let mut x = 0x1234_5678_9abc_def0u64 ^ (t * 0x9e37_79b9);
+                for _ in 0..100 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let off = x % orig.len() as u64;
+                    let len = (x >> 40) % 100_000;
+                    let got = fs.read(fh, off, len as u32).unwrap();
+                    let end = (off + len).min(orig.len() as u64) as usize;
+                    assert_eq!(got, &orig[off as usize..end]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

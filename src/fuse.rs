@@ -1,0 +1,323 @@
+//! `CheckpointFuse`: the `fuser::Filesystem` adapter over
+//! [`CheckpointFs`]. Each handler converts fuser types, calls the logic and
+//! replies or maps the error to its errno; nothing else lives here except
+//! the two things only the kernel connection can do:
+//!
+//! - **Kernel configuration** (`init`): the largest `max_readahead` the
+//!   kernel allows and more background requests (deep async readahead);
+//!   `FUSE_AUTO_INVAL_DATA` (a backing file modified in place drops its
+//!   cached pages on the next attribute refresh); `FUSE_DIRECT_IO_ALLOW_MMAP`
+//!   (a handle opened for direct I/O never stops another process from
+//!   mapping the file); and `FUSE_PASSTHROUGH` when the kernel offers it.
+//! - **Passthrough** for plain files: the backing fd is registered with the
+//!   kernel (`BackingId`), which then serves reads and mmap itself at native
+//!   speed. One `BackingId` per inode is shared by all its open handles (the
+//!   kernel requires that) and closed with the last one. Registering needs
+//!   CAP_SYS_ADMIN; if it fails once, passthrough is switched off for the
+//!   mount and plain files are served by `pread` in `CheckpointFs`.
+//!
+//! Archives are opened with `FOPEN_KEEP_CACHE` when the same archive version
+//! was opened before, so warm re-reads come from the page cache; never with
+//! `FOPEN_DIRECT_IO`, so `mmap` works. `O_DIRECT` opens need nothing: the
+//! kernel sends their reads straight here.
+
+use crate::fs::{Attr, CheckpointFs, DirectoryReplier, FileKind, FsError, Opened};
+use fuser::{
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+#[derive(Default)]
+struct BackingIds {
+    by_ino: HashMap<u64, Weak<BackingId>>,
+    by_fh: HashMap<u64, Arc<BackingId>>,
+}
+
+pub struct CheckpointFuse {
+    fs: Arc<CheckpointFs>,
+    passthrough: AtomicBool,
+    backing: Mutex<BackingIds>,
+}
+
+impl CheckpointFuse {
+    pub fn new(fs: Arc<CheckpointFs>) -> Self {
+        CheckpointFuse {
+            fs,
+            passthrough: AtomicBool::new(false),
+            backing: Mutex::new(BackingIds::default()),
+        }
+    }
+
+    fn backing(&self) -> std::sync::MutexGuard<'_, BackingIds> {
+        self.backing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::Directory => FileType::Directory,
+        FileKind::RegularFile => FileType::RegularFile,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::NamedPipe => FileType::NamedPipe,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Socket => FileType::Socket,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.ctime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// Answers an xattr query: the size when `size` is 0, else the value if
+/// it fits.
+fn reply_xattr(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+struct FuseDir(ReplyDirectory);
+
+impl DirectoryReplier for FuseDir {
+    fn add(&mut self, ino: u64, offset: u64, kind: FileKind, name: &OsStr) -> bool {
+        self.0.add(INodeNo(ino), offset, file_type(kind), name)
+    }
+}
+
+impl Filesystem for CheckpointFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_readahead(u32::MAX) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        let caps = config.capabilities();
+        for flag in [
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ] {
+            if caps.contains(flag) {
+                let _ = config.add_capabilities(flag);
+            }
+        }
+        // Passthrough: STORE may itself be on a stacked fs (overlayfs), so
+        // allow the kernel's maximum depth.
+        if caps.contains(InitFlags::FUSE_PASSTHROUGH)
+            && config.set_max_stack_depth(2).is_ok()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        {
+            self.passthrough.store(true, Ordering::Relaxed);
+        }
+        log::info!(
+            "kernel ABI {:?}; passthrough for plain files: {}",
+            config.kernel_abi(),
+            self.passthrough.load(Ordering::Relaxed)
+        );
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name) {
+            Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0, flags.0) {
+            Ok(Opened::Archive { fh, keep_cache }) => {
+                let f = if keep_cache {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(FileHandle(fh), f);
+            }
+            Ok(Opened::Plain { fh, file }) => {
+                if self.passthrough.load(Ordering::Relaxed) {
+                    let mut b = self.backing();
+                    let id = match b.by_ino.get(&ino.0).and_then(Weak::upgrade) {
+                        Some(id) => Ok(id),
+                        None => reply.open_backing(&*file).map(Arc::new),
+                    };
+                    match id {
+                        Ok(id) => {
+                            b.by_ino.insert(ino.0, Arc::downgrade(&id));
+                            b.by_fh.insert(fh, id.clone());
+                            reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                            return;
+                        }
+                        Err(e) => {
+                            log::warn!(
+                                "passthrough unavailable ({e}); serving plain files by pread"
+                            );
+                            self.passthrough.store(false, Ordering::Relaxed);
+                        }
+                    }
+                }
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        let mut b = self.backing();
+        if b.by_fh.remove(&fh.0).is_some()
+            && b.by_ino.get(&ino.0).is_some_and(|w| w.strong_count() == 0)
+        {
+            b.by_ino.remove(&ino.0);
+        }
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        let mut out = FuseDir(reply);
+        match self.fs.readdir(fh.0, offset, &mut out) {
+            Ok(()) => out.0.ok(),
+            Err(e) => out.0.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name) {
+            Ok(v) => reply_xattr(reply, &v, size),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(v) => reply_xattr(reply, &v, size),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permission checks are the kernel's (`default_permissions`).
+        reply.ok();
+    }
+}
