@@ -14,7 +14,7 @@
 
 use crate::codec::CodecError;
 use crate::format::ckx::{self, Extension};
-use crate::format::frame::{Frame, RansTables};
+use crate::format::frame::{block_grid, Frame, RansTables};
 use crate::format::safetensors::{Header, TensorEntry};
 use crate::format::zstn::{Layout, Record, RecordKind, Zstn, ZstnError};
 use memmap2::Mmap;
@@ -100,9 +100,15 @@ impl Grid {
     }
 }
 
+/// The bytes of an archive: a file mapping, or memory (tests, fuzzing).
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
 pub struct Archive {
     path: PathBuf,
-    map: Option<Mmap>,
+    map: Backing,
     zstn: Zstn,
     header: Option<Header>,
     header_error: Option<String>,
@@ -139,11 +145,23 @@ impl Archive {
         // never truncates archives in place (it replaces them by rename), so
         // the mapped pages stay valid for the map's lifetime.
         let map = if len == 0 {
-            None
+            Backing::Owned(Vec::new())
         } else {
-            Some(unsafe { Mmap::map(file) }.map_err(io)?)
+            Backing::Map(unsafe { Mmap::map(file) }.map_err(io)?)
         };
-        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        Archive::from_backing(map, path)
+    }
+
+    /// An archive over bytes in memory; `name` is used in messages.
+    pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<Archive> {
+        Archive::from_backing(Backing::Owned(bytes), name)
+    }
+
+    fn from_backing(map: Backing, path: &Path) -> Result<Archive> {
+        let bytes: &[u8] = match &map {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        };
         let zstn = Zstn::parse(bytes).map_err(|source| ArchiveError::Container {
             path: path.to_path_buf(),
             source,
@@ -211,7 +229,10 @@ impl Archive {
     }
 
     fn bytes(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or(&[])
+        match &self.map {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
     }
 
     fn integrity(&self, what: String) -> ArchiveError {
@@ -334,13 +355,6 @@ impl Archive {
 
     fn structural_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, CodecError> {
         let u = &self.units[unit as usize];
-        let whole = || {
-            Arc::new(Grid {
-                bounds: vec![0, u.decoded_len],
-                elem_bytes: 0,
-                tables: RansTables::default(),
-            })
-        };
         let frame = Frame::parse(self.frame_bytes(unit))?;
         if frame.decoded_len() != u.decoded_len {
             return Err(CodecError::LengthMismatch {
@@ -349,20 +363,14 @@ impl Archive {
                 expected: u.decoded_len,
             });
         }
-        let Some(access) = frame.element_access()? else {
-            return Ok(whole());
+        let (bounds, elem_bytes, access) = block_grid(&frame, u.decoded_len)?;
+        let tables = match &access {
+            Some(a) => a.load_tables()?,
+            None => RansTables::default(),
         };
-        let eb = access.frame.elem_bytes();
-        let mut bounds: Vec<u64> = access.grid().iter().map(|e| e * eb).collect();
-        // The tail belongs to the last block.
-        *bounds.last_mut().unwrap() = u.decoded_len;
-        if bounds.len() < 2 || u.decoded_len == 0 {
-            return Ok(whole());
-        }
-        let tables = access.load_tables()?;
         Ok(Arc::new(Grid {
             bounds,
-            elem_bytes: eb,
+            elem_bytes,
             tables,
         }))
     }

@@ -21,6 +21,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Compress a .safetensors file into a .zstn (or a model directory into a store with -r).
+    Pack(PackArgs),
     /// Restore the original .safetensors from a .zstn (or a raw file from a .z4ai frame).
     Unpack(UnpackArgs),
     /// Summarise archives: tensors, dtypes, sizes, ratio, frame kinds and plane methods.
@@ -61,6 +63,24 @@ pub struct InfoArgs {
 pub struct VerifyArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PackArgs {
+    /// A .safetensors file, or with -r a model directory.
+    pub input: PathBuf,
+    /// Output .zstn (default: INPUT with .safetensors replaced by .zstn); with -r the store directory.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Pack a whole directory tree: every .safetensors becomes a .zstn, every other file is copied.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// zstd level for opaque (integer, bool, fp8) tensors.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub level: i32,
+    /// Replace existing output files.
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 #[derive(Debug, clap::Args)]

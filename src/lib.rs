@@ -12,3 +12,15 @@ pub mod format;
 pub mod fs;
 pub mod fsutil;
 pub mod fuse;
+pub mod writer;
+
+/// Keeps glibc from returning every freed decode block to the kernel: blocks
+/// of about 1 MiB are allocated and freed constantly, and above the default
+/// mmap threshold each one costs an mmap, 256 page faults and a munmap.
+pub fn tune_allocator() {
+    // SAFETY: mallopt only adjusts allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}

@@ -2,6 +2,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    ckptfs::tune_allocator();
     let cli = ckptfs::cli::Cli::parse();
     match ckptfs::commands::run(cli) {
         Ok(code) => code,

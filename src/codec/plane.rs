@@ -270,3 +270,24 @@ impl<'a> PlaneBlocks<'a> {
         Ok(())
     }
 }
+
+/// Encodes a method-2 payload: independent zstd frames of `block_size`
+/// bytes (the last shorter), each with its content size.
+pub fn encode_zstd_blocks(data: &[u8], block_size: usize, level: i32) -> Vec<u8> {
+    use rayon::prelude::*;
+    let frames: Vec<Vec<u8>> = data
+        .par_chunks(block_size.max(1))
+        .map(|c| zstd::compress(c, level))
+        .collect();
+    let mut v =
+        Vec::with_capacity(8 + frames.len() * 4 + frames.iter().map(Vec::len).sum::<usize>());
+    v.extend_from_slice(&(block_size as u32).to_le_bytes());
+    v.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    for f in &frames {
+        v.extend_from_slice(&(f.len() as u32).to_le_bytes());
+    }
+    for f in &frames {
+        v.extend_from_slice(f);
+    }
+    v
+}

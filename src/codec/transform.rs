@@ -205,17 +205,7 @@ pub fn bitfield_join(
         ));
     }
     if spec == BFLOAT16 {
-        let mant = mants[0];
-        for (i, (o, (&e, &m))) in out
-            .chunks_exact_mut(2)
-            .zip(exp.iter().zip(mant))
-            .enumerate()
-        {
-            let bit = sign_bit + i;
-            let s = (sign[bit >> 3] >> (7 - (bit & 7))) & 1;
-            o[0] = (m & 0x7f) | ((e & 1) << 7);
-            o[1] = (e >> 1) | (s << 7);
-        }
+        bf16_join(sign, sign_bit, exp, mants[0], out);
         return Ok(());
     }
     let emask = (1u32 << spec.exp_bits) - 1;
@@ -233,6 +223,133 @@ pub fn bitfield_join(
         o.copy_from_slice(&u.to_le_bytes()[..eb]);
     }
     Ok(())
+}
+
+/// bf16 join, 8 elements per sign byte where aligned (the hot path of every
+/// bit-field read).
+fn bf16_join(sign: &[u8], sign_bit: usize, exp: &[u8], mant: &[u8], out: &mut [u8]) {
+    #[inline(always)]
+    fn put(o: &mut [u8], e: u8, m: u8, s: u8) {
+        o[0] = (m & 0x7f) | ((e & 1) << 7);
+        o[1] = (e >> 1) | (s << 7);
+    }
+    let n = exp.len();
+    // Unaligned head: elements until the sign bit position is a multiple of 8.
+    let head = if sign_bit == 0 {
+        0
+    } else {
+        (8 - sign_bit).min(n)
+    };
+    for i in 0..head {
+        let bit = sign_bit + i;
+        put(
+            &mut out[2 * i..2 * i + 2],
+            exp[i],
+            mant[i],
+            (sign[bit >> 3] >> (7 - (bit & 7))) & 1,
+        );
+    }
+    let sbase = (sign_bit + head) >> 3;
+    let body = (n - head) / 8 * 8;
+    let (eo, mo, oo) = (
+        &exp[head..head + body],
+        &mant[head..head + body],
+        &mut out[2 * head..2 * (head + body)],
+    );
+    for (((e8, m8), o16), &sb) in eo
+        .chunks_exact(8)
+        .zip(mo.chunks_exact(8))
+        .zip(oo.chunks_exact_mut(16))
+        .zip(&sign[sbase..])
+    {
+        // Widen to u16 lanes so the compiler can vectorise the 8 elements.
+        let mut w = [0u16; 8];
+        for k in 0..8 {
+            let s = ((sb >> (7 - k)) & 1) as u16;
+            w[k] = (s << 15) | ((e8[k] as u16) << 7) | (m8[k] & 0x7f) as u16;
+        }
+        for (o, v) in o16.chunks_exact_mut(2).zip(w) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    for i in head + body..n {
+        let bit = sign_bit + i;
+        put(
+            &mut out[2 * i..2 * i + 2],
+            exp[i],
+            mant[i],
+            (sign[bit >> 3] >> (7 - (bit & 7))) & 1,
+        );
+    }
+}
+
+/// Splits whole `w`-byte elements into caller-provided planes (each of
+/// `body.len() / w` bytes). Used by the writer on parallel chunks.
+pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {
+    let w = planes.len();
+    match w {
+        2 => {
+            let (p0, p1) = planes.split_at_mut(1);
+            for ((e, a), b) in body
+                .chunks_exact(2)
+                .zip(p0[0].iter_mut())
+                .zip(p1[0].iter_mut())
+            {
+                *a = e[0];
+                *b = e[1];
+            }
+        }
+        4 => {
+            let [p0, p1, p2, p3] = planes else {
+                unreachable!()
+            };
+            for (i, e) in body.chunks_exact(4).enumerate() {
+                p0[i] = e[0];
+                p1[i] = e[1];
+                p2[i] = e[2];
+                p3[i] = e[3];
+            }
+        }
+        _ => {
+            for (i, e) in body.chunks_exact(w).enumerate() {
+                for (j, p) in planes.iter_mut().enumerate() {
+                    p[i] = e[j];
+                }
+            }
+        }
+    }
+}
+
+/// bf16 bit-field split into caller-provided planes; `body` must start on an
+/// element index that is a multiple of 8 (so sign bytes are whole).
+pub fn bf16_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: &mut [u8]) {
+    let full = body.len() / 16;
+    for (((b16, s), x8), m8) in body
+        .chunks_exact(16)
+        .zip(sign.iter_mut())
+        .zip(exp.chunks_exact_mut(8))
+        .zip(mant.chunks_exact_mut(8))
+    {
+        let mut sb = 0u8;
+        for k in 0..8 {
+            let (lo, hi) = (b16[2 * k], b16[2 * k + 1]);
+            x8[k] = (hi << 1) | (lo >> 7);
+            m8[k] = lo & 0x7f;
+            sb |= (hi >> 7) << (7 - k);
+        }
+        *s = sb;
+    }
+    let rest = &body[full * 16..];
+    if !rest.is_empty() {
+        let mut sb = 0u8;
+        for (k, e) in rest.chunks_exact(2).enumerate() {
+            let (lo, hi) = (e[0], e[1]);
+            exp[full * 8 + k] = (hi << 1) | (lo >> 7);
+            mant[full * 8 + k] = lo & 0x7f;
+            sb |= (hi >> 7) << (7 - k);
+        }
+        sign[full] = sb;
+    }
 }
 
 #[cfg(test)]

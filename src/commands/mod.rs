@@ -3,6 +3,7 @@
 
 mod info;
 mod mount;
+mod pack;
 mod unpack;
 mod verify;
 
@@ -10,6 +11,11 @@ use crate::cli::{Cli, Command};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::process::ExitCode;
+
+/// Decodes a whole archive into `w` (used by benchmarks and tests).
+pub fn unpack_to(a: &crate::archive::Archive, w: &mut dyn std::io::Write) -> Result<()> {
+    unpack::write_archive(a, w, &|_| {})
+}
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T> = std::result::Result<T, Error>;
@@ -29,6 +35,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
     let g = Global { quiet: cli.quiet };
     match cli.command {
+        Command::Pack(a) => pack::run(g, a),
         Command::Unpack(a) => unpack::run(g, a),
         Command::Info(a) => info::run(g, a),
         Command::Verify(a) => verify::run(g, a),
@@ -57,7 +64,7 @@ pub fn progress(g: Global, total: u64, msg: &str) -> ProgressBar {
 
 /// What a file holds, decided by its magic bytes.
 pub enum Input {
-    Zstn(crate::archive::Archive),
+    Zstn(Box<crate::archive::Archive>),
     /// A bare codec frame (`.z4ai` as the z4ai CLI writes it).
     Frame(memmap2::Mmap),
 }
@@ -70,7 +77,7 @@ pub fn open_input(path: &std::path::Path) -> Result<Input> {
         .read(&mut magic)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     match &magic[..n] {
-        b"ZSTN" => Ok(Input::Zstn(crate::archive::Archive::open(path)?)),
+        b"ZSTN" => Ok(Input::Zstn(Box::new(crate::archive::Archive::open(path)?))),
         b"Z4AI" | b"ZSP1" | b"ZPL1" => {
             // SAFETY: read-only private map of a file we only read.
             let map = unsafe { memmap2::Mmap::map(&f) }

@@ -12,8 +12,10 @@
 //!
 //! ```text
 //! [4] "CKX1" ; u16 version = 1 ; u16 flags = 0 ; u32 n_units
-//! u64 head_digest    file bytes [0, frames_start)       (magic .. data_len)
-//! u64 index_digest   file bytes [index_offset, file_len) (index + footer)
+//! u64 head_digest    file bytes [0, frames_start)       (magic .. data_len;
+//!                    for contiguous = 0 also the frame_len field)
+//! u64 index_digest   file bytes [index_offset, file_len) (index + footer;
+//!                    empty for contiguous = 0, whose block follows the frame)
 //! n_units × {        one per FRAME record, in index order
 //!     u64 frame_digest   the whole frame
 //!     u64 meta_digest    frame bytes outside every block payload, in order
@@ -98,7 +100,7 @@ pub fn block_payload(
     b: usize,
 ) -> Vec<Range<usize>> {
     match access {
-        None => vec![0..frame_len],
+        None => std::iter::once(0..frame_len).collect(),
         Some(acc) => {
             let body = acc.elements();
             let a = (bounds[b] / elem_bytes).min(body);
@@ -148,6 +150,20 @@ pub fn meta_digest(
     hash_ranges(frame, &complement(frame.len(), &all))
 }
 
+/// The regions the head and index digests cover: `[0, head_end)` and
+/// `[index_start, file_len)`. An opaque layout has no index: its head runs
+/// up to the frame and its "index" region is empty.
+pub fn regions(zstn: &Zstn) -> (u64, u64) {
+    match &zstn.layout {
+        Layout::Indexed {
+            frames_start,
+            index_offset,
+            ..
+        } => (*frames_start, *index_offset),
+        Layout::Opaque { frame_offset, .. } => (*frame_offset, zstn.file_len),
+    }
+}
+
 /// Length of an extension for these block counts.
 pub fn encoded_len(blocks_per_unit: &[usize]) -> usize {
     FIXED
@@ -190,26 +206,32 @@ pub fn render(head_digest: u64, index_digest: u64, units: &[UnitDigests]) -> Vec
 /// Finds and parses the extension of a parsed container. `Ok(None)` for a
 /// file with no unreferenced bytes before its index (a z4ai file).
 pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
-    let Layout::Indexed {
-        records,
-        frames_start,
-        index_offset,
-        ..
-    } = &zstn.layout
-    else {
-        return Ok(None);
+    let (frames_end, ext_end) = match &zstn.layout {
+        Layout::Indexed {
+            records,
+            frames_start,
+            index_offset,
+            ..
+        } => {
+            let end = records
+                .iter()
+                .filter_map(|r| match r.kind {
+                    RecordKind::Frame { offset, len } => Some(offset + len),
+                    RecordKind::Ref(_) => None,
+                })
+                .max()
+                .unwrap_or(*frames_start);
+            (end, *index_offset)
+        }
+        Layout::Opaque {
+            frame_offset,
+            frame_len,
+        } => (frame_offset + frame_len, zstn.file_len),
     };
-    let frames_end = records
-        .iter()
-        .filter_map(|r| match r.kind {
-            RecordKind::Frame { offset, len } => Some(offset + len),
-            RecordKind::Ref(_) => None,
-        })
-        .max()
-        .unwrap_or(*frames_start);
-    if frames_end > *index_offset {
+    if frames_end > ext_end {
         return Err("frames overlap the index".into());
     }
+    let index_offset = &ext_end;
     let gap = (*index_offset - frames_end) as usize;
     if gap == 0 {
         return Ok(None);
@@ -296,18 +318,11 @@ impl Extension {
         zstn: &Zstn,
         n_units: usize,
     ) -> Result<(), String> {
-        let Layout::Indexed {
-            frames_start,
-            index_offset,
-            ..
-        } = &zstn.layout
-        else {
-            return Err("checksum block in a non-indexed container".into());
-        };
-        if xxh3_64(&bytes[..*frames_start as usize]) != self.head_digest {
+        let (head_end, index_start) = regions(zstn);
+        if xxh3_64(&bytes[..head_end as usize]) != self.head_digest {
             return Err("checksum mismatch in the container head (header JSON or lengths)".into());
         }
-        if xxh3_64(&bytes[*index_offset as usize..]) != self.index_digest {
+        if xxh3_64(&bytes[index_start as usize..]) != self.index_digest {
             return Err("checksum mismatch in the index or footer".into());
         }
         if self.units.len() != n_units {

@@ -20,6 +20,31 @@ use std::ops::Range;
 /// allocate more than this multiple of bytes that really exist.
 pub const MAX_EXPANSION: u64 = 1 << 20;
 
+/// Target decoded size of one block in the frames ckptfs writes.
+pub const BLOCK_BYTES: u64 = 1 << 20;
+
+/// The block grid of a frame that decodes to `decoded_len` bytes: boundaries
+/// in decoded bytes (the last equals `decoded_len`; the tail belongs to the
+/// last block), the element size (0 when the frame is one whole block), and
+/// the element access used to decode sub-blocks. Reader and writer both use
+/// this, so checksums computed per block agree.
+pub fn block_grid<'a>(
+    frame: &Frame<'a>,
+    decoded_len: u64,
+) -> Result<(Vec<u64>, u64, Option<ElementAccess<'a>>)> {
+    let whole = || (vec![0, decoded_len], 0, None);
+    let Some(access) = frame.element_access()? else {
+        return Ok(whole());
+    };
+    if decoded_len == 0 {
+        return Ok(whole());
+    }
+    let eb = access.frame.elem_bytes();
+    let mut bounds: Vec<u64> = access.grid().iter().map(|e| e * eb).collect();
+    *bounds.last_mut().expect("grid has two bounds") = decoded_len;
+    Ok((bounds, eb, Some(access)))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transform {
     Opaque,
@@ -295,9 +320,7 @@ fn parse_z4ai(bytes: &[u8]) -> Result<Z4aiFrame<'_>> {
             let want = [
                 count.div_ceil(8),
                 count,
-                count
-                    .checked_mul(spec.mant_planes() as u64)
-                    .unwrap_or(u64::MAX),
+                count.saturating_mul(spec.mant_planes() as u64),
             ];
             if planes.iter().zip(want).any(|(p, w)| p.orig_len != w) {
                 return Err(CodecError::invalid(
@@ -441,6 +464,21 @@ impl<'a> ElementAccess<'a> {
     /// has more than one block, or one block for the whole body.
     pub fn grid(&self) -> Vec<u64> {
         let n = self.elements();
+        if self
+            .blocks
+            .iter()
+            .all(|b| matches!(b, PlaneBlocks::Stored(_)))
+        {
+            // Stored planes are random-access at any offset: cut them into
+            // blocks of about BLOCK_BYTES so caches hold small pieces.
+            let step = (BLOCK_BYTES / self.frame.elem_bytes()).max(1);
+            let mut g: Vec<u64> = (0..n.div_ceil(step)).map(|j| j * step).collect();
+            g.push(n);
+            if g.len() == 1 {
+                g.insert(0, 0);
+            }
+            return g;
+        }
         for (i, b) in self.blocks.iter().enumerate() {
             if b.count() > 1 && !(matches!(self.frame.transform, Transform::Bitfield(_)) && i == 0)
             {
@@ -487,15 +525,47 @@ impl<'a> ElementAccess<'a> {
             // One plane, bytes are elements: decode straight into the output.
             return self.blocks[0].decode_range(a..b, tables.get(0), out);
         }
-        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(self.blocks.len());
-        for (i, blk) in self.blocks.iter().enumerate() {
-            let r = self.plane_range(i, a, b);
-            let mut buf = vec![0u8; (r.end - r.start) as usize];
-            blk.decode_range(r, tables.get(i), &mut buf)?;
-            bufs.push(buf);
+        // Stored planes are joined straight from the frame; the others are
+        // decoded into per-thread scratch buffers that are reused.
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        let refs: Vec<&[u8]> = bufs.iter().map(|v| v.as_slice()).collect();
-        self.frame.join(&refs, a, out)
+        SCRATCH.with(|cell| {
+            let mut bufs = cell.take();
+            bufs.resize_with(self.blocks.len().max(bufs.len()), Vec::new);
+            let mut result = Ok(());
+            for (i, blk) in self.blocks.iter().enumerate() {
+                if matches!(blk, PlaneBlocks::Stored(_)) {
+                    continue;
+                }
+                let r = self.plane_range(i, a, b);
+                let len = (r.end - r.start) as usize;
+                if bufs[i].len() < len {
+                    bufs[i].resize(len, 0);
+                }
+                if let Err(e) = blk.decode_range(r, tables.get(i), &mut bufs[i][..len]) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            if result.is_ok() {
+                let refs: Vec<&[u8]> = self
+                    .blocks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, blk)| {
+                        let r = self.plane_range(i, a, b);
+                        match blk {
+                            PlaneBlocks::Stored(p) => &p[r.start as usize..r.end as usize],
+                            _ => &bufs[i][..(r.end - r.start) as usize],
+                        }
+                    })
+                    .collect();
+                result = self.frame.join(&refs, a, out);
+            }
+            cell.replace(bufs);
+            result
+        })
     }
 
     /// The byte ranges (relative to the frame start) of the compressed
@@ -853,4 +923,36 @@ impl PaletteFrame<'_> {
         plane_count(body.len());
         Ok(())
     }
+}
+
+/// One plane to render: method, decoded length, payload.
+pub struct PlaneOut {
+    pub method: u8,
+    pub orig_len: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Renders a `Z4AI` v1 frame as z4ai reads it inside a ZSTN: flags 0, no
+/// NumPy dtype or shape.
+pub fn render_z4ai(transform: Transform, tail: &[u8], planes: &[PlaneOut]) -> Vec<u8> {
+    let (t, width, dcode): (u8, u8, &[u8]) = match transform {
+        Transform::Opaque => (0, 1, b""),
+        Transform::BytePlane(w) => (1, w, b""),
+        Transform::Bitfield(spec) => (2, 0, spec.name.as_bytes()),
+    };
+    let total: usize = planes.iter().map(|p| 17 + p.payload.len()).sum();
+    let mut v = Vec::with_capacity(16 + dcode.len() + tail.len() + total);
+    v.extend_from_slice(b"Z4AI");
+    v.extend_from_slice(&[1, 0, t, width, planes.len() as u8, 0, dcode.len() as u8]);
+    v.extend_from_slice(dcode);
+    v.push(0); // ndim
+    v.extend_from_slice(&(tail.len() as u32).to_le_bytes());
+    v.extend_from_slice(tail);
+    for p in planes {
+        v.push(p.method);
+        v.extend_from_slice(&p.orig_len.to_le_bytes());
+        v.extend_from_slice(&(p.payload.len() as u64).to_le_bytes());
+        v.extend_from_slice(&p.payload);
+    }
+    v
 }

@@ -143,13 +143,15 @@ impl Zstn {
             0 => {
                 let frame_len = read_u64(file, body, "frame length")?;
                 let frame_offset = body + 8;
-                if frame_len != file_len - frame_offset {
+                // Bytes after the frame are allowed (z4ai ignores them): that
+                // is where ckptfs puts its checksum block.
+                if frame_len > file_len.saturating_sub(frame_offset) {
                     return Err(ZstnError::Record {
                         index: 0,
                         name: "<whole data buffer>".into(),
                         what: format!(
                             "frame length {frame_len} but {} bytes follow",
-                            file_len - frame_offset
+                            file_len.saturating_sub(frame_offset)
                         ),
                     });
                 }

@@ -1,0 +1,186 @@
+//! `ckptfs pack`: `.safetensors` to `.zstn`, one file or a whole tree.
+
+use super::{progress, Global, Result};
+use crate::cli::PackArgs;
+use crate::fsutil::write_atomic;
+use crate::writer::{pack, PackOptions, PackStats};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// `X.safetensors` -> `X.zstn`; anything else gets `.zstn` appended.
+pub fn default_output(input: &Path) -> PathBuf {
+    let s = input.to_string_lossy();
+    match s.strip_suffix(".safetensors") {
+        Some(base) => PathBuf::from(format!("{base}.zstn")),
+        None => PathBuf::from(format!("{s}.zstn")),
+    }
+}
+
+fn map(path: &Path) -> Result<Option<memmap2::Mmap>> {
+    let f = fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if f.metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len()
+        == 0
+    {
+        return Ok(None);
+    }
+    // SAFETY: read-only private map; the input must not change while packing
+    // (a concurrent writer could make the output inconsistent, which the
+    // checksums written from the same bytes would not catch).
+    Ok(Some(
+        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?,
+    ))
+}
+
+/// Packs one file atomically. The input is validated before the output is
+/// created.
+pub fn pack_file(
+    g: Global,
+    input: &Path,
+    output: &Path,
+    opts: PackOptions,
+    force: bool,
+) -> Result<PackStats> {
+    let m = map(input)?;
+    let bytes: &[u8] = m.as_deref().unwrap_or(&[]);
+    // Validate first so that nothing is written for a malformed input.
+    crate::format::safetensors::split_file(bytes)
+        .map_err(|e| format!("{}: {e}", input.display()))?;
+    let pb = progress(g, bytes.len() as u64, "pack");
+    let mut stats = None;
+    write_atomic(output, force, |w| {
+        let s = pack(bytes, w as &mut dyn Write, opts, &|n| pb.inc(n))
+            .map_err(std::io::Error::other)?;
+        stats = Some(s);
+        Ok(())
+    })
+    .map_err(|e| format!("{}: {e}", output.display()))?;
+    pb.finish_and_clear();
+    Ok(stats.expect("set on success"))
+}
+
+fn report(input: &Path, output: &Path, s: &PackStats, secs: f64) {
+    eprintln!(
+        "{} -> {}: {} tensors ({} unique), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
+        input.display(),
+        output.display(),
+        s.tensors,
+        s.unique,
+        s.raw_bytes,
+        s.stored_bytes,
+        s.raw_bytes as f64 / s.stored_bytes.max(1) as f64,
+        s.raw_bytes as f64 / 1e6 / secs.max(1e-9)
+    );
+}
+
+pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
+    let opts = PackOptions { level: a.level };
+    if a.recursive {
+        let out = a.output.clone().ok_or("pack -r needs -o STORE_DIR")?;
+        let t = Instant::now();
+        let (raw, stored) = pack_tree(g, &a.input, &out, opts, a.force)?;
+        eprintln!(
+            "{} -> {}: {} -> {} bytes, ratio {:.4}, {:.1} s",
+            a.input.display(),
+            out.display(),
+            raw,
+            stored,
+            raw as f64 / stored.max(1) as f64,
+            t.elapsed().as_secs_f64()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.input.is_dir() {
+        return Err(format!(
+            "{}: is a directory (use -r to pack a tree)",
+            a.input.display()
+        )
+        .into());
+    }
+    let out = a.output.clone().unwrap_or_else(|| default_output(&a.input));
+    let t = Instant::now();
+    let s = pack_file(g, &a.input, &out, opts, a.force)?;
+    if !g.quiet {
+        report(&a.input, &out, &s, t.elapsed().as_secs_f64());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Packs a model directory into a store directory. Returns (raw, stored) bytes.
+pub fn pack_tree(
+    g: Global,
+    src: &Path,
+    dst: &Path,
+    opts: PackOptions,
+    force: bool,
+) -> Result<(u64, u64)> {
+    if !src.is_dir() {
+        return Err(format!("{}: not a directory", src.display()).into());
+    }
+    let (mut raw, mut stored) = (0u64, 0u64);
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let sdir = src.join(&rel);
+        let ddir = dst.join(&rel);
+        fs::create_dir_all(&ddir).map_err(|e| format!("{}: {e}", ddir.display()))?;
+        let mut entries: Vec<_> = fs::read_dir(&sdir)
+            .map_err(|e| format!("{}: {e}", sdir.display()))?
+            .collect::<std::io::Result<_>>()
+            .map_err(|e| format!("{}: {e}", sdir.display()))?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name();
+            let rel_path = rel.join(&name);
+            let sp = src.join(&rel_path);
+            let ft = e
+                .file_type()
+                .map_err(|err| format!("{}: {err}", sp.display()))?;
+            if ft.is_dir() {
+                stack.push(rel_path);
+            } else if ft.is_symlink() {
+                let target =
+                    fs::read_link(&sp).map_err(|err| format!("{}: {err}", sp.display()))?;
+                let dp = dst.join(&rel_path);
+                if force {
+                    let _ = fs::remove_file(&dp);
+                }
+                std::os::unix::fs::symlink(&target, &dp)
+                    .map_err(|err| format!("{}: {err}", dp.display()))?;
+            } else if name.to_string_lossy().ends_with(".safetensors") {
+                let dp = default_output(&dst.join(&rel_path));
+                let t = Instant::now();
+                let s = pack_file(g, &sp, &dp, opts, force)?;
+                if !g.quiet {
+                    report(&sp, &dp, &s, t.elapsed().as_secs_f64());
+                }
+                raw += s.raw_bytes;
+                stored += s.stored_bytes;
+            } else {
+                let dp = dst.join(&rel_path);
+                let n = copy_atomic(&sp, &dp, force)?;
+                raw += n;
+                stored += n;
+            }
+        }
+    }
+    crate::fsutil::sync_dir(dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+    Ok((raw, stored))
+}
+
+fn copy_atomic(src: &Path, dst: &Path, force: bool) -> Result<u64> {
+    let mut n = 0;
+    write_atomic(dst, force, |w| {
+        let mut f = fs::File::open(src)?;
+        n = std::io::copy(&mut f, w)?;
+        Ok(())
+    })
+    .map_err(|e| format!("{}: {e}", dst.display()))?;
+    if let Ok(m) = fs::metadata(src) {
+        let _ = fs::set_permissions(dst, m.permissions());
+    }
+    Ok(n)
+}

@@ -1,0 +1,415 @@
+//! The ZSTN writer: a validated `.safetensors` in, a z4ai-readable `.zstn`
+//! with sub-tensor random access and CKX1 checksums out.
+//!
+//! Per tensor (after exact-byte dedup into REF records):
+//! - BF16: bit-field frame (sign stored, exponent rANS, mantissa zstd);
+//! - F16 / F32 / F64 (and C64 as pairs of F32): byte-plane frame;
+//! - everything else: an opaque frame.
+//!
+//! Every plane is stored (method 0), adaptive order-0 rANS (method 4) or
+//! zstd blocks (method 2), whichever is smaller. All rANS planes of a frame
+//! use the same chunk count k, and zstd blocks are n/k elements long, so
+//! boundaries coincide across planes and every block of at most about
+//! [`BLOCK_BYTES`] decodes on its own. Small or near-constant float tensors
+//! also try an opaque zstd frame and keep the smaller. No tensor is stored
+//! larger than its raw bytes plus a fixed frame overhead.
+//!
+//! The output is assembled in record order: head, frames, the CKX1 block,
+//! index, footer. Frames are compressed in parallel in bounded windows and
+//! written as they complete, so memory stays bounded for any input size.
+
+use crate::codec::plane::{self, encode_zstd_blocks};
+use crate::codec::rans;
+use crate::codec::transform::{self, BFLOAT16};
+use crate::format::ckx;
+use crate::format::frame::{block_grid, render_z4ai, Frame, PlaneOut, Transform, BLOCK_BYTES};
+use crate::format::safetensors::{self, Dtype, Header, HeaderError};
+use crate::format::zstn::{self, Record, RecordKind};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::io::{self, Write};
+use thiserror::Error;
+use xxhash_rust::xxh3::xxh3_64;
+
+#[derive(Debug, Error)]
+pub enum PackError {
+    #[error("{0}")]
+    Header(#[from] HeaderError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("internal check failed: {0}")]
+    Internal(String),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PackOptions {
+    /// zstd level for opaque frames.
+    pub level: i32,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions { level: 3 }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackStats {
+    pub tensors: usize,
+    pub unique: usize,
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+}
+
+/// Tensors smaller than this are stored opaque without trying transforms.
+const TINY: usize = 64;
+/// Float tensors up to this size also try an opaque zstd frame.
+const TRY_OPAQUE_BELOW: usize = 1 << 20;
+
+/// Compresses one tensor's bytes into a frame.
+pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec<u8> {
+    if raw.len() < TINY {
+        return opaque_frame(raw, opts);
+    }
+    let primary = match dtype {
+        Some(Dtype::BF16) => Some(bf16_frame(raw)),
+        Some(Dtype::F16) => Some(byteplane_frame(raw, 2)),
+        Some(Dtype::F32) | Some(Dtype::C64) => Some(byteplane_frame(raw, 4)),
+        Some(Dtype::F64) => Some(byteplane_frame(raw, 8)),
+        _ => None,
+    };
+    match primary {
+        None => opaque_frame(raw, opts),
+        Some(p) => {
+            if raw.len() <= TRY_OPAQUE_BELOW || p.len() < raw.len() / 8 {
+                let o = opaque_frame(raw, opts);
+                if o.len() < p.len() {
+                    return o;
+                }
+            }
+            p
+        }
+    }
+}
+
+/// Elements per block for an element size.
+fn block_elems(elem_bytes: usize) -> usize {
+    (BLOCK_BYTES as usize / elem_bytes).max(8)
+}
+
+/// Entropy-codes a plane with `k` rANS chunks, or stores it if that is not
+/// smaller.
+fn encode_plane(data: &[u8], k: usize) -> PlaneOut {
+    let stored = || PlaneOut {
+        method: plane::STORE,
+        orig_len: data.len() as u64,
+        payload: data.to_vec(),
+    };
+    if data.is_empty() {
+        return stored();
+    }
+    // Skip the encoder when order-0 entropy says it cannot win.
+    if estimate_o0_bytes(data) >= data.len() as f64 * 0.995 {
+        return stored();
+    }
+    let payload = rans::encode_method4(data, k);
+    if payload.len() >= data.len() {
+        return stored();
+    }
+    PlaneOut {
+        method: plane::RANS_ADAPT,
+        orig_len: data.len() as u64,
+        payload,
+    }
+}
+
+/// Order-0 entropy of `data` in bytes, from a sample for large planes.
+fn estimate_o0_bytes(data: &[u8]) -> f64 {
+    let sample: &[u8] = if data.len() > 1 << 20 {
+        &data[..1 << 20]
+    } else {
+        data
+    };
+    let hist = rans::histogram(sample);
+    let n = sample.len() as f64;
+    let bits: f64 = hist
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -(c as f64) * p.log2()
+        })
+        .sum();
+    bits / 8.0 * (data.len() as f64 / n)
+}
+
+fn chunks_for(n: usize, elem_bytes: usize) -> usize {
+    n.div_ceil(block_elems(elem_bytes)).max(1)
+}
+
+/// A chunk count k that divides n with chunks of at most `max` and at least
+/// `max / 8` elements, so that zstd blocks of n/k elements and rANS chunks
+/// `floor(j*n/k)` share their boundaries.
+fn dividing_chunks(n: usize, max: usize) -> Option<usize> {
+    if n <= max {
+        return Some(1);
+    }
+    (n.div_ceil(max)..=n / (max / 8).max(1)).find(|k| n % k == 0)
+}
+
+/// bf16 as a bit-field frame: the sign bits stored, the exponent byte
+/// entropy-coded with rANS (where the ratio comes from), the 7-bit mantissa
+/// in zstd blocks (Huffman gets it to ~7 bits and decodes fast). rANS chunks
+/// and zstd blocks share their boundaries only when the chunk count divides
+/// the element count; otherwise a byte-plane frame (about 1% larger) keeps
+/// random access exact.
+fn bf16_frame(raw: &[u8]) -> Vec<u8> {
+    let n = raw.len() / 2;
+    let e = block_elems(2);
+    let Some(k) = dividing_chunks(n, e) else {
+        return byteplane_frame(raw, 2);
+    };
+    let tail = &raw[n * 2..];
+    let mut sign = vec![0u8; n.div_ceil(8)];
+    let mut exp = vec![0u8; n];
+    let mut mant = vec![0u8; n];
+    raw[..n * 2]
+        .par_chunks(e * 2)
+        .zip(sign.par_chunks_mut(e / 8))
+        .zip(exp.par_chunks_mut(e))
+        .zip(mant.par_chunks_mut(e))
+        .for_each(|(((b, s), x), m)| transform::bf16_split_into(b, s, x, m));
+    let mant_plane = |m: &[u8]| -> PlaneOut {
+        let payload = encode_zstd_blocks(m, n.div_ceil(k).max(1), 1);
+        if payload.len() >= m.len() {
+            return PlaneOut {
+                method: plane::STORE,
+                orig_len: m.len() as u64,
+                payload: m.to_vec(),
+            };
+        }
+        PlaneOut {
+            method: plane::ZSTD_BLOCKS,
+            orig_len: m.len() as u64,
+            payload,
+        }
+    };
+    let sign_plane = PlaneOut {
+        method: plane::STORE,
+        orig_len: sign.len() as u64,
+        payload: sign,
+    };
+    let (x, m) = rayon::join(|| encode_plane(&exp, k), || mant_plane(&mant));
+    render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
+}
+
+fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
+    let n = raw.len() / w;
+    let tail = &raw[n * w..];
+    let e = block_elems(w);
+    let mut planes: Vec<Vec<u8>> = (0..w).map(|_| vec![0u8; n]).collect();
+    {
+        // Split block by block in parallel: transpose each plane's chunks.
+        let mut per_plane: Vec<Vec<&mut [u8]>> = planes
+            .iter_mut()
+            .map(|p| p.chunks_mut(e).collect())
+            .collect();
+        let mut jobs: Vec<(usize, Vec<&mut [u8]>)> = Vec::new();
+        let nchunks = n.div_ceil(e);
+        for j in (0..nchunks).rev() {
+            let parts: Vec<&mut [u8]> = per_plane
+                .iter_mut()
+                .map(|v| v.pop().expect("chunk"))
+                .collect();
+            jobs.push((j, parts));
+        }
+        jobs.into_par_iter().for_each(|(j, mut parts)| {
+            let a = j * e * w;
+            let b = ((j + 1) * e).min(n) * w;
+            transform::byteplane_split_into(&raw[a..b], &mut parts);
+        });
+    }
+    let k = chunks_for(n, w);
+    let outs: Vec<PlaneOut> = planes.par_iter().map(|p| encode_plane(p, k)).collect();
+    render_z4ai(Transform::BytePlane(w as u8), tail, &outs)
+}
+
+fn opaque_frame(raw: &[u8], opts: PackOptions) -> Vec<u8> {
+    let stored = || PlaneOut {
+        method: plane::STORE,
+        orig_len: raw.len() as u64,
+        payload: raw.to_vec(),
+    };
+    let p = if raw.len() < TINY {
+        stored()
+    } else {
+        let payload = encode_zstd_blocks(raw, BLOCK_BYTES as usize, opts.level);
+        if payload.len() >= raw.len() {
+            stored()
+        } else {
+            PlaneOut {
+                method: plane::ZSTD_BLOCKS,
+                orig_len: raw.len() as u64,
+                payload,
+            }
+        }
+    };
+    render_z4ai(Transform::Opaque, &[], &[p])
+}
+
+/// The digests of one frame, computed exactly as the reader will.
+fn digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests, PackError> {
+    let f = Frame::parse(frame_bytes)
+        .map_err(|e| PackError::Internal(format!("own frame does not parse: {e}")))?;
+    if f.decoded_len() != raw.len() as u64 {
+        return Err(PackError::Internal("own frame has the wrong length".into()));
+    }
+    let (bounds, eb, access) =
+        block_grid(&f, raw.len() as u64).map_err(|e| PackError::Internal(e.to_string()))?;
+    let blocks: Vec<&[u8]> = bounds
+        .windows(2)
+        .map(|w| &raw[w[0] as usize..w[1] as usize])
+        .collect();
+    Ok(ckx::unit_digests(
+        frame_bytes,
+        access.as_ref(),
+        &bounds,
+        eb,
+        &blocks,
+    ))
+}
+
+/// Assigns each tensor (in data order) a FRAME or a REF to an earlier one
+/// with identical bytes.
+fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Option<usize>> {
+    let hashes: Vec<u64> = order
+        .par_iter()
+        .map(|t| xxh3_64(&data[t.begin as usize..t.end as usize]))
+        .collect();
+    let mut seen: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
+    let mut refs = vec![None; order.len()];
+    for (i, t) in order.iter().enumerate() {
+        let bytes = &data[t.begin as usize..t.end as usize];
+        let cands = seen.entry((hashes[i], t.len())).or_default();
+        if let Some(&j) = cands
+            .iter()
+            .find(|&&j| &data[order[j].begin as usize..order[j].end as usize] == bytes)
+        {
+            refs[i] = Some(j);
+        } else {
+            cands.push(i);
+        }
+    }
+    refs
+}
+
+/// Packs a whole safetensors file into `out`. The input is validated before
+/// the first byte is written. `progress` receives raw bytes as they are done.
+pub fn pack(
+    file: &[u8],
+    out: &mut dyn Write,
+    opts: PackOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<PackStats, PackError> {
+    let (header, data) = safetensors::split_file(file)?;
+    let data_len = data.len() as u64;
+    let mut stats = PackStats {
+        tensors: header.tensors.len(),
+        raw_bytes: file.len() as u64,
+        ..Default::default()
+    };
+    if !header.tiles(data_len) {
+        return pack_opaque(&header, data, out, opts, stats);
+    }
+    let order = header.data_order();
+    let refs = dedup(&order, data);
+    let head = zstn::render_head(&header.raw, data_len, true);
+    out.write_all(&head)?;
+    let mut offset = head.len() as u64;
+
+    // Compress unique tensors in windows of about 256 MiB of input.
+    let uniques: Vec<usize> = (0..order.len()).filter(|&i| refs[i].is_none()).collect();
+    stats.unique = uniques.len();
+    let mut frame_at: HashMap<usize, (u64, u64)> = HashMap::new();
+    let mut units = Vec::with_capacity(uniques.len());
+    let mut i = 0;
+    while i < uniques.len() {
+        let mut j = i;
+        let mut bytes = 0u64;
+        while j < uniques.len() && (j == i || bytes < 256 << 20) {
+            bytes += order[uniques[j]].len();
+            j += 1;
+        }
+        let done: Vec<(Vec<u8>, ckx::UnitDigests)> = uniques[i..j]
+            .par_iter()
+            .map(|&t| {
+                let e = order[t];
+                let raw = &data[e.begin as usize..e.end as usize];
+                let f = encode_tensor(e.known_dtype(), raw, opts);
+                let d = digests(&f, raw)?;
+                progress(raw.len() as u64);
+                Ok((f, d))
+            })
+            .collect::<Result<_, PackError>>()?;
+        for (k, (f, d)) in done.into_iter().enumerate() {
+            out.write_all(&f)?;
+            frame_at.insert(uniques[i + k], (offset, f.len() as u64));
+            offset += f.len() as u64;
+            units.push(d);
+        }
+        i = j;
+    }
+    let records: Vec<Record> = order
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Record {
+            name: t.name.clone(),
+            begin: t.begin,
+            end: t.end,
+            kind: match refs[i] {
+                Some(j) => RecordKind::Ref(j as u32),
+                None => {
+                    let (offset, len) = frame_at[&i];
+                    RecordKind::Frame { offset, len }
+                }
+            },
+        })
+        .collect();
+    let counts: Vec<usize> = units.iter().map(|u| u.blocks.len()).collect();
+    let ext_len = ckx::encoded_len(&counts) as u64;
+    let index_offset = offset + ext_len;
+    let index = zstn::render_index(&records);
+    let footer = zstn::render_footer(index_offset, index.len() as u64);
+    let mut tail = index.clone();
+    tail.extend_from_slice(&footer);
+    let ext = ckx::render(xxh3_64(&head), xxh3_64(&tail), &units);
+    debug_assert_eq!(ext.len() as u64, ext_len);
+    out.write_all(&ext)?;
+    out.write_all(&tail)?;
+    stats.stored_bytes = index_offset + tail.len() as u64;
+    Ok(stats)
+}
+
+/// Files whose tensors do not tile the data buffer (holes, aliasing) are
+/// stored as one opaque frame of the whole buffer (`contiguous = 0`), as
+/// z4ai does. z4ai ignores bytes after that frame, so the CKX1 block
+/// follows it.
+fn pack_opaque(
+    header: &Header,
+    data: &[u8],
+    out: &mut dyn Write,
+    opts: PackOptions,
+    mut stats: PackStats,
+) -> Result<PackStats, PackError> {
+    let mut head = zstn::render_head(&header.raw, data.len() as u64, false);
+    let f = opaque_frame(data, opts);
+    head.extend_from_slice(&(f.len() as u64).to_le_bytes());
+    let d = digests(&f, data)?;
+    let ext = ckx::render(xxh3_64(&head), xxh3_64(&[]), &[d]);
+    out.write_all(&head)?;
+    out.write_all(&f)?;
+    out.write_all(&ext)?;
+    stats.unique = 1;
+    stats.stored_bytes = (head.len() + f.len() + ext.len()) as u64;
+    Ok(stats)
+}
