@@ -96,7 +96,10 @@ pub fn safetensors_file(
 ) -> Vec<u8> {
     let mut header = String::from("{");
     if let Some(m) = metadata {
-        header.push_str(&format!("\"__metadata__\":{m},"));
+        header.push_str(&format!("\"__metadata__\":{m}"));
+        if !tensors.is_empty() {
+            header.push(',');
+        }
     }
     let mut off = 0u64;
     let mut data = Vec::new();
