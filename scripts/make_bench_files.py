@@ -6,7 +6,7 @@
   minilm-fp16.safetensors   every F32 tensor rounded to F16 (numpy astype, RNE)
   llama-bf16.safetensors    llama-like layout, 9 layers (~1 GiB): N(0, 0.02) matrices, N(1, 0.02) norms
 
-Usage: make_bench_files.py OUT_DIR [--layers N] [--only minilm|llama]
+Usage: make_bench_files.py OUT_DIR [--layers N] [--only minilm|llama] [--name FILE]
 """
 import argparse, os, sys
 import numpy as np
@@ -39,8 +39,8 @@ def minilm(out):
         os.rename(dst + ".tmp", dst)
 
 
-def llama(out, layers, seed=0):
-    dst = os.path.join(out, "llama-bf16.safetensors")
+def llama(out, layers, seed=0, name="llama-bf16.safetensors"):
+    dst = os.path.join(out, name)
     if os.path.exists(dst):
         return
     rng = np.random.default_rng(seed)
@@ -72,12 +72,13 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=9)
     ap.add_argument("--only", choices=["minilm", "llama"])
+    ap.add_argument("--name", default="llama-bf16.safetensors")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.only in (None, "minilm"):
         minilm(a.out)
     if a.only in (None, "llama"):
-        llama(a.out, a.layers)
+        llama(a.out, a.layers, name=a.name)
 
 
 if __name__ == "__main__":
