@@ -76,8 +76,17 @@ fn mountinfo_has(mountpoint: &Path) -> bool {
         .lines()
         .map_while(|l| l.ok())
         .any(|l| {
+            // "... mountpoint opts - fstype source superopts"; fuser mounts
+            // with fstype "fuse" (or "fuse.ckptfs" via fusermount).
             let fields: Vec<&str> = l.split(' ').collect();
-            fields.get(4) == Some(&want.as_str()) && l.contains(" - fuse.ckptfs ")
+            let Some(dash) = fields.iter().position(|f| *f == "-") else {
+                return false;
+            };
+            fields.get(4) == Some(&want.as_str())
+                && fields.get(dash + 1).is_some_and(|t| t.starts_with("fuse"))
+                && fields
+                    .get(dash + 2)
+                    .is_some_and(|s| s.starts_with("ckptfs:"))
         })
 }
 
@@ -336,7 +345,9 @@ fn foreground(
         &config,
     )
     .map_err(|e| format!("{}: cannot mount: {e}", mountpoint.display()))?;
-    raise_read_ahead(&mountpoint, 16 << 10);
+    // stat() of the mountpoint needs the session running: not on this thread.
+    let mp = mountpoint.clone();
+    std::thread::spawn(move || raise_read_ahead(&mp, 16 << 10));
     log::info!(
         "mounted {} at {} ({} threads, cache {} MiB)",
         store.display(),
