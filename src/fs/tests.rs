@@ -5,7 +5,7 @@ use super::*;
 use std::path::PathBuf;
 
 fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/vectors")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
 }
 
 /// Every vector archive (by stem) with its original.

@@ -1,0 +1,247 @@
+//! A real ckptfs mount for integration tests: a temp store, a temp
+//! mountpoint, the built binary in the foreground as a child process, and a
+//! Drop guard that always unmounts (aborting a wedged connection if it must).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ckptfs")
+}
+
+pub fn vectors() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
+}
+
+/// Stems of the vector archives that have an original `.safetensors`.
+pub fn vector_stems() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(vectors())
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            n.strip_suffix(".zstn").map(str::to_string)
+        })
+        .filter(|s| vectors().join(format!("{s}.safetensors")).exists())
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn ckptfs(args: &[&str]) -> std::process::Output {
+    Command::new(bin()).args(args).output().expect("run ckptfs")
+}
+
+/// Packs `src` into `dst` with `ckptfs pack`.
+pub fn pack(src: &Path, dst: &Path) {
+    let out = Command::new(bin())
+        .arg("pack")
+        .arg(src)
+        .arg("-o")
+        .arg(dst)
+        .arg("--force")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pack {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A store with every vector archive, ckptfs-packed copies of some
+/// originals, a config.json, a symlink and a subdirectory. Returns the
+/// (presented name, original path) pairs.
+pub fn populate_store(store: &Path) -> Vec<(String, PathBuf)> {
+    let mut pairs = Vec::new();
+    for s in vector_stems() {
+        std::fs::copy(
+            vectors().join(format!("{s}.zstn")),
+            store.join(format!("{s}.zstn")),
+        )
+        .unwrap();
+        pairs.push((
+            format!("{s}.safetensors"),
+            vectors().join(format!("{s}.safetensors")),
+        ));
+    }
+    for s in [
+        "bf16_dense",
+        "fp32_dense",
+        "tied",
+        "structured",
+        "ints",
+        "empty_file",
+    ] {
+        let orig = vectors().join(format!("{s}.safetensors"));
+        pack(&orig, &store.join(format!("packed_{s}.safetensors.zstn")));
+        pairs.push((format!("packed_{s}.safetensors"), orig));
+    }
+    std::fs::write(
+        store.join("config.json"),
+        b"{\"architectures\": [\"Test\"]}\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("config.json", store.join("config-link.json")).unwrap();
+    std::fs::create_dir(store.join("sub")).unwrap();
+    std::fs::copy(vectors().join("tiny.zstn"), store.join("sub/tiny.zstn")).unwrap();
+    pairs.push((
+        "sub/tiny.safetensors".into(),
+        vectors().join("tiny.safetensors"),
+    ));
+    pairs
+}
+
+fn mounted(mnt: &Path) -> bool {
+    let want = mnt.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub store: PathBuf,
+    pub mnt: PathBuf,
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Mount {
+    /// Mounts a fresh store that `fill` populates, in the foreground.
+    pub fn new(fill: impl FnOnce(&Path), extra: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&store).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        fill(&store);
+        let mnt = mnt.canonicalize().unwrap();
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(bin())
+            .arg("mount")
+            .arg(&store)
+            .arg(&mnt)
+            .arg("--foreground")
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("start ckptfs mount");
+        let mut m = Mount {
+            dir,
+            store,
+            mnt,
+            child: Some(child),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !mounted(&m.mnt) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("ckptfs mount exited ({st}): {}", m.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mount did not come up: {}",
+                m.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Unmounts and waits for the daemon; returns its exit status.
+    pub fn unmount(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let out = Command::new(bin()).arg("umount").arg(&self.mnt).output();
+        if !out.is_ok_and(|o| o.status.success()) {
+            let _ = Command::new(bin())
+                .args(["umount", "--lazy"])
+                .arg(&self.mnt)
+                .output();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.unmount();
+        if mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// A page-aligned buffer for O_DIRECT.
+pub struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    pub fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, layout }
+    }
+    pub fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is a live allocation of layout.size() bytes we own.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// xorshift64: deterministic offsets without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
