@@ -9,8 +9,9 @@
 //! global pool (method 4/5 parallelise over chunks for planes >= 1 MiB).
 
 use ckptfs::codec::rans::{
-    decode_method4, decode_method5, decode_stream, encode_method4, encode_stream, histogram,
-    normalize_freqs, normalize_freqs_to, FreqTable, O1_PROB_BITS, O1_SCALE, RANS_L,
+    decode_method4, decode_method5, decode_stream, decode_stream_with, encode_method4,
+    encode_stream, histogram, normalize_freqs, normalize_freqs_to, AdaptivePayload, DecodeTables,
+    FreqTable, O1_PROB_BITS, O1_SCALE, RANS_L,
 };
 use std::time::Instant;
 
@@ -65,6 +66,89 @@ fn median_secs(mut f: impl FnMut()) -> f64 {
         .collect();
     t.sort_by(|a, b| a.total_cmp(b));
     t[2]
+}
+
+/// CPU time of the calling thread, in seconds (the machine is shared).
+fn thread_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Median thread-CPU seconds of 7 single-threaded runs of `f`.
+fn median_cpu_secs(mut f: impl FnMut()) -> f64 {
+    f(); // warm-up
+    let mut t: Vec<f64> = (0..7)
+        .map(|_| {
+            let s = thread_cpu_secs();
+            f();
+            thread_cpu_secs() - s
+        })
+        .collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    t[3]
+}
+
+/// Old (one chunk at a time, `decode_stream_with`) vs new
+/// (`AdaptivePayload::decode_chunks`) method-4 chunk decoding, single thread,
+/// thread CPU time, tables built beforehand (they are cached per payload).
+fn bench_chunks(data: &[u8]) {
+    let n = data.len();
+    println!(
+        "\n== method-4 chunk decode, {} MiB exponent plane ({:.3} bits/symbol entropy), 1 thread, CPU time, median of 7",
+        n >> 20,
+        entropy_bits(data)
+    );
+    for chunk in [1usize << 14, 1 << 16, 1 << 17] {
+        let k = n.div_ceil(chunk);
+        let payload = encode_method4(data, k);
+        let ap = AdaptivePayload::parse(&payload).unwrap();
+        let tables = DecodeTables::new(&ap.freq_tables().unwrap()).unwrap();
+        let mut out = vec![0u8; n];
+        let t_old = median_cpu_secs(|| {
+            for j in 0..k {
+                let r = ap.chunk_bounds(j);
+                let o = &mut out[r.start as usize..r.end as usize];
+                decode_stream_with(tables.get(j).unwrap(), ap.chunk_payload(j), o).unwrap();
+            }
+        });
+        assert_eq!(out, data);
+        out.fill(0);
+        let t_new = median_cpu_secs(|| ap.decode_chunks(0..k, &tables, &mut out).unwrap());
+        assert_eq!(out, data);
+        let mut groups = Vec::new();
+        for g in [8usize, 4] {
+            let t = median_cpu_secs(|| {
+                let mut rest = &mut out[..];
+                for j0 in (0..k).step_by(g) {
+                    let js = j0..(j0 + g).min(k);
+                    let len =
+                        (ap.chunk_bounds(js.end - 1).end - ap.chunk_bounds(j0).start) as usize;
+                    let (o, r) = rest.split_at_mut(len);
+                    ap.decode_chunks(js, &tables, o).unwrap();
+                    rest = r;
+                }
+            });
+            groups.push((g, t));
+        }
+        assert_eq!(out, data);
+        let ms = |t: f64| n as f64 / t / 1e6;
+        println!(
+            "  {:>4}K-symbol chunks (k={k:>4}, {:.3} bits/sym): old {:>7.1} M sym/s, new {:>7.1} M sym/s ({:.2}x); new in calls of 8 chunks {:>7.1}, of 4 chunks {:>7.1}",
+            chunk >> 10,
+            payload.len() as f64 * 8.0 / n as f64,
+            ms(t_old),
+            ms(t_new),
+            t_old / t_new,
+            ms(groups[0].1),
+            ms(groups[1].1),
+        );
+    }
 }
 
 fn report(what: &str, bytes: usize, secs: f64) {
@@ -282,6 +366,10 @@ fn main() {
         mib,
         rayon::current_num_threads()
     );
+    bench_chunks(&exponent_data(n, 1));
+    if std::env::args().nth(2).as_deref() == Some("chunks") {
+        return;
+    }
     bench_plane("bf16 exponent of N(0,0.02)", &exponent_data(n, 1), &one);
     bench_plane("mantissa-like, uniform 0..128", &mantissa_data(n, 2), &one);
     // Locally correlated exponents (order-1 wins): a random walk that stays

@@ -230,16 +230,11 @@ impl<'a> PlaneBlocks<'a> {
             out.copy_from_slice(&p[range.start as usize..range.end as usize]);
             return Ok(());
         }
-        let owned;
-        let tables = match (self, tables) {
-            (PlaneBlocks::Rans(r), None) => {
-                owned = r.freq_tables()?;
-                Some(owned.as_slice())
-            }
-            _ => tables,
-        };
         let first = self.block_of(range.start);
         let last = self.block_of(range.end - 1);
+        if let PlaneBlocks::Rans(r) = self {
+            return decode_rans_range(r, first..last + 1, range, tables, out);
+        }
         let mut scratch = Vec::new();
         for i in first..=last {
             let b = self.bounds(i);
@@ -255,12 +250,7 @@ impl<'a> PlaneBlocks<'a> {
             };
             match self {
                 PlaneBlocks::Zstd(z) => z.decode_block(i, target)?,
-                PlaneBlocks::Rans(r) => {
-                    let t = &tables.expect("tables decoded above")[i];
-                    r.decode_chunk(i, t, target)?;
-                    count(target.len());
-                }
-                PlaneBlocks::Stored(_) => unreachable!(),
+                PlaneBlocks::Rans(_) | PlaneBlocks::Stored(_) => unreachable!(),
             }
             if !whole {
                 let dst = &mut out[(lo - range.start) as usize..(hi - range.start) as usize];
@@ -269,6 +259,51 @@ impl<'a> PlaneBlocks<'a> {
         }
         Ok(())
     }
+}
+
+/// Decodes plane bytes `range` of a rANS plane from the chunks `js` that
+/// cover it, all at once (the SIMD decoder wants many chunks per call).
+fn decode_rans_range(
+    r: &rans::AdaptivePayload<'_>,
+    js: Range<usize>,
+    range: Range<u64>,
+    freqs: Option<&[rans::FreqTable]>,
+    out: &mut [u8],
+) -> Result<()> {
+    thread_local! {
+        static TABLES: std::cell::RefCell<rans::DecodeTables> = std::cell::RefCell::new(rans::DecodeTables::default());
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let owned;
+    let freqs = match freqs {
+        Some(f) => f,
+        None => {
+            owned = r.freq_tables()?;
+            &owned
+        }
+    };
+    let span = r.chunk_bounds(js.start).start..r.chunk_bounds(js.end - 1).end;
+    TABLES.with(|t| {
+        let mut tables = t.borrow_mut();
+        tables.rebuild(freqs, js.clone())?;
+        if span == range {
+            r.decode_chunks(js, &tables, out)?;
+        } else {
+            SCRATCH.with(|s| -> Result<()> {
+                let mut scratch = s.borrow_mut();
+                let len = (span.end - span.start) as usize;
+                if scratch.len() < len {
+                    scratch.resize(len, 0);
+                }
+                r.decode_chunks(js, &tables, &mut scratch[..len])?;
+                let from = (range.start - span.start) as usize;
+                out.copy_from_slice(&scratch[from..from + out.len()]);
+                Ok(())
+            })?;
+        }
+        count((span.end - span.start) as usize);
+        Ok(())
+    })
 }
 
 /// Encodes a method-2 payload: independent zstd frames of `block_size`

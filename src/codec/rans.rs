@@ -386,8 +386,10 @@ fn encode_with(data: &[u8], tab: &EncTable, buf: &mut [u8], out: &mut Vec<u8>) {
 // ---------------------------------------------------------------------------
 
 /// Order-0 decode tables for one frequency table: slot → symbol (16 KiB) and
-/// symbol → `freq | cum << 16`.
+/// symbol → `freq | cum << 16`. `repr(C)`: the SIMD decoder gathers 4 bytes
+/// at `sym[slot]`, which for the last slots reads into `fc` (in bounds).
 #[derive(Clone)]
+#[repr(C)]
 pub struct DecodeTable {
     sym: [u8; PROB_SCALE as usize],
     fc: [u32; 256],
@@ -441,6 +443,14 @@ pub fn decode_stream_with(table: &DecodeTable, stream: &[u8], out: &mut [u8]) ->
     if n == 0 {
         return Ok(());
     }
+    let x = read_seeds(stream, n)?;
+    decode_from(table, stream, x, 16, out);
+    Ok(())
+}
+
+/// The four seed states of a stream that decodes `n > 0` symbols; errors if
+/// the stream is shorter than 16 bytes or a used lane's seed is below RANS_L.
+fn read_seeds(stream: &[u8], n: usize) -> Result<[u32; 4]> {
     if stream.len() < 16 {
         return Err(CodecError::Truncated {
             what: "rANS stream seed states",
@@ -457,14 +467,16 @@ pub fn decode_stream_with(table: &DecodeTable, stream: &[u8], out: &mut [u8]) ->
             return Err(rans_err(format!("seed state {l} = {v:#x} is below RANS_L")));
         }
     }
+    Ok(x)
+}
+
+/// Continue decoding a stream at byte `pos` with lane states `x`, the next
+/// symbol being in lane 0. Every used state must be >= RANS_L.
+fn decode_from(table: &DecodeTable, stream: &[u8], x: [u32; 4], mut pos: usize, out: &mut [u8]) {
+    let n = out.len();
     let [mut x0, mut x1, mut x2, mut x3] = x;
     let len = stream.len();
-    let mut pos = 16usize;
-    let careful = |p: usize| -> u32 {
-        let b0 = stream.get(p).copied().unwrap_or(0);
-        let b1 = stream.get(p + 1).copied().unwrap_or(0);
-        u32::from(u16::from_be_bytes([b0, b1]))
-    };
+    let careful = |p: usize| careful_read(stream, p);
     let (quads, rest) = out.split_at_mut(n & !3);
     let mut quads = quads.chunks_exact_mut(4);
     loop {
@@ -504,7 +516,6 @@ pub fn decode_stream_with(table: &DecodeTable, stream: &[u8], out: &mut [u8]) ->
     for (l, o) in rest.iter_mut().enumerate() {
         *o = dec_step(&mut xs[l], table, &mut pos, careful);
     }
-    Ok(())
 }
 
 /// Decode a 4-lane order-0 stream of exactly `out.len()` symbols. Bytes past
@@ -757,6 +768,413 @@ impl<'a> AdaptivePayload<'a> {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Method 4: multi-chunk decoding
+// ---------------------------------------------------------------------------
+
+/// Order-0 decode tables of the consecutive method-4 chunks `first..first+len`
+/// (17 KiB each), for [`AdaptivePayload::decode_chunks`]. Build once per
+/// payload (or per block of chunks) and reuse.
+#[derive(Clone, Default)]
+pub struct DecodeTables {
+    first: usize,
+    t: Vec<DecodeTable>,
+}
+
+impl DecodeTables {
+    /// Tables for all chunks; `freqs` are the k tables of the payload
+    /// ([`AdaptivePayload::freq_tables`]). Errors if one does not sum to 16384.
+    pub fn new(freqs: &[FreqTable]) -> Result<Self> {
+        Self::for_chunks(freqs, 0..freqs.len())
+    }
+
+    /// Tables for chunks `js` only; `freqs` are still all k tables.
+    pub fn for_chunks(freqs: &[FreqTable], js: Range<usize>) -> Result<Self> {
+        let mut t = DecodeTables::default();
+        t.rebuild(freqs, js)?;
+        Ok(t)
+    }
+
+    /// Rebuild in place for chunks `js`, reusing the allocation.
+    pub fn rebuild(&mut self, freqs: &[FreqTable], js: Range<usize>) -> Result<()> {
+        let f = freqs.get(js.clone()).ok_or_else(|| {
+            CodecError::invalid(
+                "method-4 decode tables",
+                format!("chunks {js:?} of {}", freqs.len()),
+            )
+        })?;
+        self.first = js.start;
+        self.t.truncate(f.len());
+        for (t, f) in self.t.iter_mut().zip(f) {
+            t.rebuild(f)?;
+        }
+        while self.t.len() < f.len() {
+            let mut t = DecodeTable {
+                sym: [0; PROB_SCALE as usize],
+                fc: [0; 256],
+            };
+            t.rebuild(&f[self.t.len()])?;
+            self.t.push(t);
+        }
+        Ok(())
+    }
+
+    /// The chunk indices these tables cover.
+    pub fn chunks(&self) -> Range<usize> {
+        self.first..self.first + self.t.len()
+    }
+
+    /// The table of chunk `j`, if covered.
+    pub fn get(&self, j: usize) -> Option<&DecodeTable> {
+        self.t.get(j.checked_sub(self.first)?)
+    }
+}
+
+/// Chunks decoded together by [`AdaptivePayload::decode_chunks`] (one SIMD
+/// lane each).
+pub const CHUNK_GROUP: usize = 16;
+
+impl AdaptivePayload<'_> {
+    /// Symbol range of the consecutive chunks `js` (non-empty, in range).
+    fn span(&self, js: &Range<usize>) -> Range<u64> {
+        chunk_range(self.n, self.k, js.start).start..chunk_range(self.n, self.k, js.end - 1).end
+    }
+
+    /// Decode the consecutive chunks `js` into `out`, whose length must be the
+    /// sum of their lengths. `tables` must cover `js`. Groups of up to
+    /// [`CHUNK_GROUP`] chunks are decoded together (AVX-512 when available,
+    /// one chunk per vector lane), so ranges of 16 chunks or more are fastest.
+    /// Output and errors equal [`Self::decode_chunk`] for every chunk.
+    pub fn decode_chunks(
+        &self,
+        js: Range<usize>,
+        tables: &DecodeTables,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if js.start > js.end || js.end > self.k {
+            return Err(CodecError::invalid(
+                "method-4 chunk range",
+                format!("{js:?} of {} chunks", self.k),
+            ));
+        }
+        if js.is_empty() {
+            return if out.is_empty() {
+                Ok(())
+            } else {
+                Err(length_mismatch("method-4 chunks", 0, out.len()))
+            };
+        }
+        let tc = tables.chunks();
+        if tc.start > js.start || tc.end < js.end {
+            return Err(CodecError::invalid(
+                "method-4 decode tables",
+                format!("cover chunks {tc:?}, not {js:?}"),
+            ));
+        }
+        let span = self.span(&js);
+        if span.end - span.start != out.len() as u64 {
+            return Err(length_mismatch(
+                "method-4 chunks",
+                span.end - span.start,
+                out.len(),
+            ));
+        }
+        // Near-equal groups of at most CHUNK_GROUP chunks (20 = 10 + 10).
+        let m = js.len().div_ceil(CHUNK_GROUP);
+        let mut rest = out;
+        for i in 0..m {
+            let g = js.start + js.len() * i / m..js.start + js.len() * (i + 1) / m;
+            let r = self.span(&g);
+            let (o, r2) = rest.split_at_mut((r.end - r.start) as usize);
+            rest = r2;
+            self.decode_group(g, tables, o)?;
+        }
+        Ok(())
+    }
+
+    /// Decode at most [`CHUNK_GROUP`] consecutive chunks (checked by the caller).
+    fn decode_group(&self, js: Range<usize>, tables: &DecodeTables, out: &mut [u8]) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if js.len() >= simd::MIN_CHUNKS && simd::available() {
+            // One 16-lane vector per group (two interleaved vectors, NV = 2,
+            // measured slower: the kernel is gather-throughput bound).
+            if simd::try_decode_group::<1>(self, js.clone(), tables, out) {
+                return Ok(());
+            }
+        }
+        let lo = self.span(&js).start;
+        for j in js {
+            let r = chunk_range(self.n, self.k, j);
+            let o = &mut out[(r.start - lo) as usize..(r.end - lo) as usize];
+            let t = tables.get(j).expect("tables cover the group");
+            decode_stream_with(t, self.chunk_payload(j), o)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! AVX-512 order-0 decoding of up to 16 chunks at once: vector lane c
+    //! holds chunk c's state for rANS lane l (four state vectors), one
+    //! position vector holds each chunk's stream position. A round decodes
+    //! lanes 0..3 of every chunk: gather the slot's symbol, gather the
+    //! symbol's (freq, cum), update, and renormalise by gathering 4 stream
+    //! bytes at the chunk's position and shifting in 0, 1 or 2 of them.
+
+    use super::{chunk_range, decode_from, read_seeds, AdaptivePayload, DecodeTable, DecodeTables};
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    /// Fewer chunks than this go to the scalar decoder (the vector lanes of
+    /// missing chunks are wasted; break-even is about 6 of 16).
+    pub(super) const MIN_CHUNKS: usize = 7;
+    /// Chunks shorter than this go to the scalar decoder.
+    const MIN_LEN: usize = 64;
+    /// Rounds (4 symbols per chunk) per kernel call.
+    const BLOCK: usize = 16;
+    const STRIDE: usize = std::mem::size_of::<DecodeTable>();
+    const _: () = assert!(STRIDE.is_multiple_of(4) && STRIDE >= super::PROB_SCALE as usize + 4);
+
+    pub(super) fn available() -> bool {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        static HAVE: AtomicU8 = AtomicU8::new(0);
+        match HAVE.load(Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => {
+                let y = is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512cd")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vbmi");
+                HAVE.store(1 + u8::from(y), Ordering::Relaxed);
+                y
+            }
+        }
+    }
+
+    struct State<const NV: usize> {
+        x: [[[u32; 16]; 4]; NV],
+        pos: [[i32; 16]; NV],
+        symoff: [[i32; 16]; NV],
+    }
+
+    /// Decode chunks `js` (1..=16*NV, covered by `tables`, `out` sized to
+    /// their span) if the group suits the SIMD path; returns false, having
+    /// written nothing, if it does not (short chunks, bad seeds, huge
+    /// streams): the scalar decoder then does the work and reports any error.
+    pub(super) fn try_decode_group<const NV: usize>(
+        p: &AdaptivePayload<'_>,
+        js: Range<usize>,
+        tables: &DecodeTables,
+        out: &mut [u8],
+    ) -> bool {
+        let g = js.len();
+        let lanes = 16 * NV;
+        debug_assert!((1..=lanes).contains(&g));
+        let lo = chunk_range(p.n, p.k, js.start).start;
+        let base = p.starts[js.start];
+        let mut st = State::<NV> {
+            x: [[[0; 16]; 4]; NV],
+            pos: [[0; 16]; NV],
+            symoff: [[0; 16]; NV],
+        };
+        let mut end = [[0i32; 16]; NV];
+        let mut outoff = [[0usize; 16]; NV];
+        let mut lens = [[0usize; 16]; NV];
+        for c in 0..lanes {
+            let (v, i) = (c / 16, c % 16);
+            // Inactive lanes repeat the last chunk; their output is dropped.
+            let cc = c.min(g - 1);
+            let j = js.start + cc;
+            let r = chunk_range(p.n, p.k, j);
+            lens[v][i] = (r.end - r.start) as usize;
+            outoff[v][i] = (r.start - lo) as usize;
+            if lens[v][i] < MIN_LEN {
+                return false;
+            }
+            let Ok(seeds) = read_seeds(p.chunk_payload(j), lens[v][i]) else {
+                return false;
+            };
+            let e = p.starts[j + 1] - base;
+            if e > (i32::MAX / 2) as usize {
+                return false;
+            }
+            st.pos[v][i] = (p.starts[j] - base + 16) as i32;
+            end[v][i] = e as i32;
+            for (xl, &seed) in st.x[v].iter_mut().zip(&seeds) {
+                xl[i] = seed;
+            }
+            st.symoff[v][i] = (cc * STRIDE) as i32;
+        }
+        let Some(tab) = tables.t.get(js.start - tables.first..js.end - tables.first) else {
+            return false;
+        };
+        let quads = lens.iter().flatten().min().unwrap() / 4;
+        let streams = &p.body[base..p.starts[js.end]];
+        let mut stage = [[[0u32; 16]; NV]; BLOCK];
+        let mut q = 0;
+        while q < quads {
+            // Step l of a round reads 4 bytes at pos + (at most 2l), a round
+            // advances pos by at most 8: b rounds read below pos + 8b + 2.
+            let safe = (0..lanes)
+                .map(|c| ((end[c / 16][c % 16] - st.pos[c / 16][c % 16] - 2).max(0) / 8) as usize)
+                .min()
+                .unwrap();
+            let b = safe.min(quads - q).min(BLOCK);
+            if b == 0 {
+                break;
+            }
+            // SAFETY: `available()` checked the CPU features. Gathers read
+            // (1) 4 bytes at tab[c].sym[slot], slot < 16384, inside tab[c]
+            // (STRIDE >= 16384 + 4, repr(C)), c < g; (2) tab[c].fc[s], s < 256;
+            // (3) 4 bytes at streams[pos[c]..], below end[c] <= streams.len()
+            // by the bound on b above.
+            unsafe {
+                kernel::<NV>(
+                    tab.as_ptr().cast(),
+                    streams.as_ptr(),
+                    &mut st,
+                    b,
+                    &mut stage,
+                );
+            }
+            for c in 0..g {
+                let (v, i) = (c / 16, c % 16);
+                let o = &mut out[outoff[v][i] + 4 * q..][..4 * b];
+                for (d, w) in o.chunks_exact_mut(4).zip(&stage[..b]) {
+                    d.copy_from_slice(&w[v][i].to_le_bytes());
+                }
+            }
+            q += b;
+        }
+        for (c, t) in tab.iter().enumerate() {
+            let (v, i) = (c / 16, c % 16);
+            let j = js.start + c;
+            let x = [st.x[v][0][i], st.x[v][1][i], st.x[v][2][i], st.x[v][3][i]];
+            let pos = st.pos[v][i] as usize - (p.starts[j] - base);
+            let o = &mut out[outoff[v][i] + 4 * q..outoff[v][i] + lens[v][i]];
+            decode_from(t, p.chunk_payload(j), x, pos, o);
+        }
+        true
+    }
+
+    /// Decode `rounds` rounds (4 symbols of each of 16 chunks) into
+    /// `stage[t][c]` (chunk c's 4 symbols of round t, little-endian).
+    ///
+    /// # Safety
+    /// AVX-512F/CD/BW/VBMI available; `tabs` points at consecutive
+    /// `DecodeTable`s such that `tabs + st.symoff[c]` is one for every lane;
+    /// every state is at least `RANS_L`; for every lane,
+    /// `streams + pos[c] .. + 8*rounds + 2` is readable; `rounds <= BLOCK`.
+    #[target_feature(enable = "avx512f,avx512cd,avx512bw,avx512vbmi")]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn kernel<const NV: usize>(
+        tabs: *const u8,
+        streams: *const u8,
+        st: &mut State<NV>,
+        rounds: usize,
+        stage: &mut [[[u32; 16]; NV]; BLOCK],
+    ) {
+        // SAFETY: all loads/stores are of whole arrays of 64 bytes; the
+        // gathers stay in bounds per the function's contract.
+        unsafe {
+            let fc_tabs = tabs.add(super::PROB_SCALE as usize);
+            let symoff: [__m512i; NV] =
+                std::array::from_fn(|v| _mm512_loadu_si512(st.symoff[v].as_ptr().cast()));
+            let fcoff: [__m512i; NV] = std::array::from_fn(|v| _mm512_srli_epi32::<2>(symoff[v]));
+            let mut x: [[__m512i; 4]; NV] = std::array::from_fn(|v| {
+                std::array::from_fn(|l| _mm512_loadu_si512(st.x[v][l].as_ptr().cast()))
+            });
+            let mut pos: [__m512i; NV] =
+                std::array::from_fn(|v| _mm512_loadu_si512(st.pos[v].as_ptr().cast()));
+            let m14 = _mm512_set1_epi32(0x3FFF);
+            let m8 = _mm512_set1_epi32(0xFF);
+            let m16 = _mm512_set1_epi32(0xFFFF);
+            let seven = _mm512_set1_epi32(7);
+            let eight = _mm512_set1_epi32(8);
+            let c16 = _mm512_set1_epi32(16);
+            // Byte (8c + d, 8c + d - 1) of the 128-byte window, as the
+            // permute index of a big-endian 16-bit read at offset d.
+            let wbase = _mm512_set_epi32(
+                0x7879, 0x7071, 0x6869, 0x6061, 0x5859, 0x5051, 0x4849, 0x4041, 0x3839, 0x3031,
+                0x2829, 0x2021, 0x1819, 0x1011, 0x0809, 0x0001,
+            );
+            for row in stage.iter_mut().take(rounds) {
+                let mut s = [[_mm512_setzero_si512(); 4]; NV];
+                // The 8 bytes at each chunk's position cover this round.
+                let pos0 = pos;
+                let win: [[__m512i; 2]; NV] = std::array::from_fn(|v| {
+                    let lo = _mm512_castsi512_si256(pos0[v]);
+                    let hi = _mm512_extracti64x4_epi64::<1>(pos0[v]);
+                    [
+                        _mm512_i32gather_epi64::<1>(lo, streams.cast()),
+                        _mm512_i32gather_epi64::<1>(hi, streams.cast()),
+                    ]
+                });
+                for l in 0..4 {
+                    for v in 0..NV {
+                        let xv = x[v][l];
+                        let slot = _mm512_and_si512(xv, m14);
+                        let sw = _mm512_i32gather_epi32::<1>(
+                            _mm512_add_epi32(slot, symoff[v]),
+                            tabs.cast(),
+                        );
+                        let sy = _mm512_and_si512(sw, m8);
+                        let fc = _mm512_i32gather_epi32::<4>(
+                            _mm512_add_epi32(sy, fcoff[v]),
+                            fc_tabs.cast(),
+                        );
+                        let freq = _mm512_and_si512(fc, m16);
+                        let cum = _mm512_srli_epi32::<16>(fc);
+                        let y = _mm512_add_epi32(
+                            _mm512_mullo_epi32(freq, _mm512_srli_epi32::<14>(xv)),
+                            _mm512_sub_epi32(slot, cum),
+                        );
+                        // y >= 2^9, so lz <= 22, and 8 * (bytes to read) =
+                        // round_up8(lz) - 8, saturating at 0 for lz = 0 (a
+                        // garbage state >= 2^31; 16-bit lanes are enough).
+                        let lz = _mm512_lzcnt_epi32(y);
+                        let sh = _mm512_subs_epu16(
+                            _mm512_andnot_si512(seven, _mm512_add_epi32(lz, seven)),
+                            eight,
+                        );
+                        let d = _mm512_sub_epi32(pos[v], pos0[v]);
+                        let idx =
+                            _mm512_add_epi32(wbase, _mm512_or_si512(d, _mm512_slli_epi32::<8>(d)));
+                        let two = _mm512_maskz_permutex2var_epi8(
+                            0x3333_3333_3333_3333,
+                            win[v][0],
+                            idx,
+                            win[v][1],
+                        );
+                        x[v][l] = _mm512_or_si512(
+                            _mm512_sllv_epi32(y, sh),
+                            _mm512_srlv_epi32(two, _mm512_sub_epi32(c16, sh)),
+                        );
+                        pos[v] = _mm512_add_epi32(pos[v], _mm512_srli_epi32::<3>(sh));
+                        s[v][l] = sy;
+                    }
+                }
+                for v in 0..NV {
+                    let [s0, s1, s2, s3] = s[v];
+                    let w = _mm512_or_si512(
+                        _mm512_or_si512(s0, _mm512_slli_epi32::<8>(s1)),
+                        _mm512_or_si512(_mm512_slli_epi32::<16>(s2), _mm512_slli_epi32::<24>(s3)),
+                    );
+                    _mm512_storeu_si512(row[v].as_mut_ptr().cast(), w);
+                }
+            }
+            for v in 0..NV {
+                for l in 0..4 {
+                    _mm512_storeu_si512(st.x[v][l].as_mut_ptr().cast(), x[v][l]);
+                }
+                _mm512_storeu_si512(st.pos[v].as_mut_ptr().cast(), pos[v]);
+            }
+        }
+    }
+}
+
 /// Decode the first zstd frame of `blob` into at most `cap` bytes.
 fn zstd_decode_first_frame(blob: &[u8], cap: usize, what: &'static str) -> Result<Vec<u8>> {
     let zerr = |e: &dyn std::fmt::Display| CodecError::Zstd(format!("{what}: {e}"));
@@ -771,8 +1189,9 @@ fn zstd_decode_first_frame(blob: &[u8], cap: usize, what: &'static str) -> Resul
     Ok(out)
 }
 
-/// Whole method-4 decode into `out` (`out.len()` = the plane's `orig_len`),
-/// parallel over chunks with rayon for planes of at least 1 MiB.
+/// Whole method-4 decode into `out` (`out.len()` = the plane's `orig_len`)
+/// with [`AdaptivePayload::decode_chunks`] over blocks of [`CHUNK_GROUP`]
+/// chunks, parallel over blocks with rayon for planes of at least 1 MiB.
 pub fn decode_method4(payload: &[u8], out: &mut [u8]) -> Result<()> {
     let p = AdaptivePayload::parse(payload)?;
     if p.n != out.len() as u64 {
@@ -781,25 +1200,35 @@ pub fn decode_method4(payload: &[u8], out: &mut [u8]) -> Result<()> {
     if p.n == 0 {
         return Ok(());
     }
-    let tables = p.freq_tables()?;
-    let parts = split_chunks(out, p.k);
-    let job = |t: &mut Option<Box<DecodeTable>>, (j, o): (usize, &mut [u8])| -> Result<()> {
-        if o.is_empty() {
-            return Ok(());
-        }
-        match t {
-            Some(t) => t.rebuild(&tables[j])?,
-            None => *t = Some(DecodeTable::new(&tables[j])?),
-        }
-        decode_stream_with(t.as_ref().unwrap(), p.chunk_payload(j), o)
+    let freqs = p.freq_tables()?;
+    let par = out_len_is_large(p.n) && p.k > 1;
+    // Chunks per job: a full SIMD group, unless that starves the threads.
+    let per = if par {
+        CHUNK_GROUP.min(p.k.div_ceil(rayon::current_num_threads()))
+    } else {
+        CHUNK_GROUP
     };
-    if out_len_is_large(p.n) && p.k > 1 {
+    let nb = p.k.div_ceil(per);
+    let block = |b: usize| b * per..((b + 1) * per).min(p.k);
+    let mut parts = Vec::with_capacity(nb);
+    let mut rest = out;
+    for b in 0..nb {
+        let r = p.span(&block(b));
+        let (o, r2) = rest.split_at_mut((r.end - r.start) as usize);
+        parts.push(o);
+        rest = r2;
+    }
+    let job = |t: &mut DecodeTables, (b, o): (usize, &mut [u8])| -> Result<()> {
+        t.rebuild(&freqs, block(b))?;
+        p.decode_chunks(block(b), t, o)
+    };
+    if par {
         parts
             .into_par_iter()
             .enumerate()
-            .try_for_each_init(|| None, job)
+            .try_for_each_init(DecodeTables::default, job)
     } else {
-        let mut t = None;
+        let mut t = DecodeTables::default();
         parts
             .into_iter()
             .enumerate()
@@ -1475,7 +1904,7 @@ mod tests {
                 (0..n)
                     .map(|_| {
                         let v = r.next();
-                        if v % 64 == 0 {
+                        if v.is_multiple_of(64) {
                             (v >> 8) as u8
                         } else {
                             200
@@ -1750,6 +2179,257 @@ mod tests {
                 1 => decode_method5(&p, &mut out),
                 _ => decode_method3(&p, &mut out),
             };
+        }
+    }
+
+    // ----- multi-chunk decoding (decode_chunks) vs the one-chunk decoder -----
+
+    /// Decode chunks `js` one at a time with `decode_stream_with` (the
+    /// reference): `Err` if any chunk errs.
+    fn per_chunk_decode(
+        ap: &AdaptivePayload,
+        js: Range<usize>,
+        t: &DecodeTables,
+    ) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for j in js {
+            let r = ap.chunk_bounds(j);
+            let mut o = vec![0u8; (r.end - r.start) as usize];
+            decode_stream_with(t.get(j).unwrap(), ap.chunk_payload(j), &mut o)?;
+            out.extend_from_slice(&o);
+        }
+        Ok(out)
+    }
+
+    /// Assemble a method-4 payload from explicit tables and chunk streams.
+    fn method4_payload(n: u64, tables: &[FreqTable], streams: &[Vec<u8>]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for t in tables {
+            for v in t {
+                raw.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let blob = ::zstd::bulk::compress(&raw, 1).unwrap();
+        let mut p = (n | ADAPT_FLAG).to_le_bytes().to_vec();
+        p.extend_from_slice(&(tables.len() as u32).to_le_bytes());
+        p.extend_from_slice(&(blob.len() as u32).to_le_bytes());
+        for s in streams {
+            p.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        }
+        p.extend_from_slice(&blob);
+        for s in streams {
+            p.extend_from_slice(s);
+        }
+        p
+    }
+
+    /// Check `decode_chunks` against the reference on every group-ish range.
+    fn check_decode_chunks(p: &[u8]) -> std::result::Result<(), TestCaseError> {
+        let ap = AdaptivePayload::parse(p).unwrap();
+        let k = ap.chunks();
+        let freqs = ap.freq_tables().unwrap();
+        let t = DecodeTables::new(&freqs).unwrap();
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        ranges.push(0..k);
+        for g in [7usize, 8, 16, 17, 33] {
+            for j0 in (0..k).step_by(g) {
+                ranges.push(j0..(j0 + g).min(k));
+            }
+        }
+        if k > 2 {
+            ranges.push(1..k - 1);
+        }
+        for js in ranges {
+            let want = per_chunk_decode(&ap, js.clone(), &t);
+            let len = if js.is_empty() {
+                0
+            } else {
+                (ap.chunk_bounds(js.end - 1).end - ap.chunk_bounds(js.start).start) as usize
+            };
+            let mut got = vec![0u8; len];
+            let r = ap.decode_chunks(js.clone(), &t, &mut got);
+            // tables for exactly this range work too
+            let tj = DecodeTables::for_chunks(&freqs, js.clone()).unwrap();
+            let mut got2 = vec![0u8; len];
+            let r2 = ap.decode_chunks(js.clone(), &tj, &mut got2);
+            match want {
+                Ok(w) => {
+                    prop_assert!(r.is_ok(), "{js:?}: {r:?}");
+                    prop_assert_eq!(&got, &w, "{:?}", js);
+                    prop_assert!(r2.is_ok());
+                    prop_assert_eq!(&got2, &w);
+                }
+                Err(e) => {
+                    prop_assert_eq!(r, Err(e.clone()), "{:?}", js);
+                    prop_assert_eq!(r2, Err(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn random_table(r: &mut Rng) -> FreqTable {
+        let mut h = [0u64; 256];
+        match r.next() % 4 {
+            0 => h[(r.next() % 256) as usize] = 1,
+            1 => h.iter_mut().for_each(|v| *v = r.next() % 1000),
+            2 => {
+                for _ in 0..(r.next() % 40 + 1) {
+                    h[(r.next() % 256) as usize] += r.next() % 100_000 + 1;
+                }
+                h[(r.next() % 256) as usize] += 1 << 40; // forces freq-1 symbols
+            }
+            _ => {
+                for _ in 0..(r.next() % 40 + 1) {
+                    h[(r.next() % 256) as usize] += r.next() % 1000 + 1;
+                }
+            }
+        }
+        normalize_freqs(&h)
+    }
+
+    #[test]
+    fn decode_chunks_large_planes() {
+        for (seed, n, chunk) in [
+            (1u64, 1 << 20, 1 << 14),
+            (2, 3_000_017, 1 << 16),
+            (3, 700_001, 999),
+        ] {
+            let d = exponent_data(n, seed);
+            let k = n.div_ceil(chunk);
+            let p = encode_method4(&d, k);
+            let ap = AdaptivePayload::parse(&p).unwrap();
+            let t = DecodeTables::new(&ap.freq_tables().unwrap()).unwrap();
+            let mut out = vec![0u8; n];
+            ap.decode_chunks(0..k, &t, &mut out).unwrap();
+            assert!(out == d, "n={n}");
+            check_decode_chunks(&p).unwrap();
+        }
+        // uniform bytes (8 bits/symbol, two renormalisation bytes often)
+        let mut r = Rng(4);
+        let d: Vec<u8> = (0..1_000_000).map(|_| r.next() as u8).collect();
+        check_decode_chunks(&encode_method4(&d, 40)).unwrap();
+    }
+
+    #[test]
+    fn decode_chunks_rejects_bad_arguments() {
+        let d = exponent_data(50_000, 5);
+        let p = encode_method4(&d, 20);
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        let f = ap.freq_tables().unwrap();
+        let t = DecodeTables::new(&f).unwrap();
+        let len = |js: Range<usize>| {
+            (ap.chunk_bounds(js.end - 1).end - ap.chunk_bounds(js.start).start) as usize
+        };
+        let mut out = vec![0u8; len(0..20)];
+        assert!(ap.decode_chunks(0..21, &t, &mut out).is_err());
+        #[allow(clippy::reversed_empty_ranges)]
+        let bad = 5..3;
+        assert!(ap.decode_chunks(bad, &t, &mut out).is_err());
+        assert!(ap.decode_chunks(0..20, &t, &mut out[1..]).is_err());
+        assert!(ap.decode_chunks(3..3, &t, &mut []).is_ok());
+        assert!(ap.decode_chunks(3..3, &t, &mut out[..1]).is_err());
+        let part = DecodeTables::for_chunks(&f, 4..12).unwrap();
+        assert_eq!(part.chunks(), 4..12);
+        assert!(part.get(3).is_none() && part.get(12).is_none() && part.get(4).is_some());
+        assert!(ap
+            .decode_chunks(3..12, &part, &mut out[..len(3..12)])
+            .is_err());
+        assert!(ap
+            .decode_chunks(4..13, &part, &mut out[..len(4..13)])
+            .is_err());
+        ap.decode_chunks(4..12, &part, &mut out[..len(4..12)])
+            .unwrap();
+        assert_eq!(
+            &out[..len(4..12)],
+            &d[ap.chunk_bounds(4).start as usize..ap.chunk_bounds(11).end as usize]
+        );
+        assert!(DecodeTables::for_chunks(&f, 4..21).is_err());
+        let mut g = f.clone();
+        g[3][0] ^= 1;
+        assert!(DecodeTables::new(&g).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn decode_chunks_matches_scalar(data in data_strategy(), big in (any::<u64>(), 0usize..60_000, 0u8..3), k in prop_oneof![1usize..20, 1usize..300]) {
+            let (seed, n, kind) = big;
+            let mut r = Rng(seed);
+            let d: Vec<u8> = match kind {
+                0 => exponent_data(n, seed),
+                1 => (0..n).map(|_| (r.next() % 7) as u8 * 30).collect(),
+                _ => data,
+            };
+            let p = encode_method4(&d, k);
+            if !d.is_empty() {
+                check_decode_chunks(&p)?;
+            }
+            let mut out = vec![0u8; d.len()];
+            decode_method4(&p, &mut out).unwrap();
+            prop_assert_eq!(out, d);
+        }
+
+        #[test]
+        fn decode_chunks_garbage_matches_scalar(seed in any::<u64>(), k in 1usize..40, n in 0u64..40_000, mode in 0u8..4) {
+            let mut r = Rng(seed);
+            let tables: Vec<FreqTable> = (0..k).map(|_| random_table(&mut r)).collect();
+            let streams: Vec<Vec<u8>> = (0..k)
+                .map(|j| {
+                    let cn = {
+                        let c = chunk_range(n, k, j);
+                        (c.end - c.start) as usize
+                    };
+                    // lengths: plausible, short, tiny (< 16), or random
+                    let len = match (mode, r.next() % 8) {
+                        (_, 0) => (r.next() % 20) as usize,
+                        (0, _) => cn * 3 / 8 + 16,
+                        (1, _) => (r.next() % (cn as u64 + 40)) as usize,
+                        (2, _) => cn + 16,
+                        _ => 16 + (r.next() % 64) as usize,
+                    };
+                    let mut s: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+                    for l in 0..4 {
+                        if s.len() >= 4 * l + 4 && !r.next().is_multiple_of(64) {
+                            // mostly valid seeds, sometimes below RANS_L
+                            let v = RANS_L + (r.next() as u32 % (u32::MAX - RANS_L));
+                            s[4 * l..4 * l + 4].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    s
+                })
+                .collect();
+            let p = method4_payload(n, &tables, &streams);
+            check_decode_chunks(&p)?;
+            // whole-plane decode: same result as the one-chunk decoder
+            let ap = AdaptivePayload::parse(&p).unwrap();
+            let t = DecodeTables::new(&tables).unwrap();
+            let want = per_chunk_decode(&ap, 0..k, &t);
+            let mut out = vec![0u8; n as usize];
+            let got = decode_method4(&p, &mut out);
+            match want {
+                Ok(w) => { prop_assert!(got.is_ok()); prop_assert_eq!(out, w); }
+                Err(_) => prop_assert!(got.is_err()),
+            }
+        }
+
+        #[test]
+        fn decode_chunks_truncated_streams_match_scalar(seed in any::<u64>(), n in 1000usize..50_000, k in 7usize..40, cut in 0usize..40) {
+            // Valid streams cut short: the decoder reads zeros past each end.
+            let d = exponent_data(n, seed);
+            let p = encode_method4(&d, k);
+            let ap = AdaptivePayload::parse(&p).unwrap();
+            let tables = ap.freq_tables().unwrap();
+            let mut r = Rng(seed ^ 77);
+            let streams: Vec<Vec<u8>> = (0..k)
+                .map(|j| {
+                    let s = ap.chunk_payload(j);
+                    let c = if r.next().is_multiple_of(2) { 0 } else { cut.min(s.len() - 16) };
+                    s[..s.len() - c].to_vec()
+                })
+                .collect();
+            check_decode_chunks(&method4_payload(n as u64, &tables, &streams))?;
         }
     }
 

@@ -208,6 +208,10 @@ pub fn bitfield_join(
         bf16_join(sign, sign_bit, exp, mants[0], out);
         return Ok(());
     }
+    if spec == FLOAT32 && sign_bit == 0 {
+        f32_join(sign, exp, mants, out);
+        return Ok(());
+    }
     let emask = (1u32 << spec.exp_bits) - 1;
     let mmask = (1u32 << spec.mant_bits) - 1;
     for (i, o) in out.chunks_exact_mut(eb).enumerate() {
@@ -280,6 +284,39 @@ fn bf16_join(sign: &[u8], sign_bit: usize, exp: &[u8], mant: &[u8], out: &mut [u
             mant[i],
             (sign[bit >> 3] >> (7 - (bit & 7))) & 1,
         );
+    }
+}
+
+/// float32 bit-field join from a byte-aligned sign position.
+fn f32_join(sign: &[u8], exp: &[u8], mants: &[&[u8]], out: &mut [u8]) {
+    let (m0, m1, m2) = (mants[0], mants[1], mants[2]);
+    let n = exp.len();
+    let full = n / 8 * 8;
+    for (g, o32) in out[..full * 4].chunks_exact_mut(32).enumerate() {
+        let sb = sign[g];
+        let base = g * 8;
+        let mut w = [0u32; 8];
+        for k in 0..8 {
+            let i = base + k;
+            let s = ((sb >> (7 - k)) & 1) as u32;
+            w[k] = (s << 31)
+                | ((exp[i] as u32) << 23)
+                | (((m2[i] & 0x7f) as u32) << 16)
+                | ((m1[i] as u32) << 8)
+                | m0[i] as u32;
+        }
+        for (o, v) in o32.chunks_exact_mut(4).zip(w) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    for i in full..n {
+        let s = ((sign[i >> 3] >> (7 - (i & 7))) & 1) as u32;
+        let u = (s << 31)
+            | ((exp[i] as u32) << 23)
+            | (((m2[i] & 0x7f) as u32) << 16)
+            | ((m1[i] as u32) << 8)
+            | m0[i] as u32;
+        out[4 * i..4 * i + 4].copy_from_slice(&u.to_le_bytes());
     }
 }
 

@@ -34,6 +34,16 @@ pub fn decompress_exact(src: &[u8], out: &mut [u8], what: &'static str) -> Resul
             ),
         ));
     }
+    // One-shot decoding ignores the window limit, so check the descriptor
+    // the way a streaming decoder with a 2^27 limit (z4ai's) would.
+    if let Some(log) = window_log(src) {
+        let wd = src[5];
+        let base = 1u64 << log;
+        let size = base + (base / 8) * (wd & 7) as u64;
+        if size > 1 << MAX_WINDOW_LOG {
+            return Err(CodecError::WindowTooLarge { log });
+        }
+    }
     if let Ok(Some(size)) = zstd_safe::get_frame_content_size(src) {
         if size != out.len() as u64 {
             return Err(CodecError::LengthMismatch {
@@ -205,14 +215,21 @@ mod tests {
 
     #[test]
     fn window_above_limit_is_rejected() {
-        // A frame without content size whose window descriptor asks for 2^28.
+        // A streamed frame without content size keeps its window descriptor
+        // of 2^28.
+        use std::io::Write;
         let data = vec![3u8; 4096];
-        let mut cctx = CCtx::create();
-        cctx.set_parameter(CParameter::WindowLog(28)).unwrap();
-        cctx.set_parameter(CParameter::ContentSizeFlag(false))
-            .unwrap();
-        let mut c: Vec<u8> = Vec::with_capacity(8192);
-        cctx.compress2(&mut c, &data).unwrap();
+        let mut e = ::zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        e.window_log(28).unwrap();
+        e.include_contentsize(false).unwrap();
+        // Two writes with a flush between: zstd cannot see the input size,
+        // so it keeps the requested window.
+        e.write_all(&data[..2048]).unwrap();
+        e.flush().unwrap();
+        e.write_all(&data[2048..]).unwrap();
+        let c = e.finish().unwrap();
+        assert_eq!(c[4] & 0x20, 0, "frame has a window descriptor");
+        assert_eq!(10 + (c[5] >> 3) as u32, 28, "window log in the descriptor");
         let mut out = vec![0u8; data.len()];
         let err = decompress_exact(&c, &mut out, "t").unwrap_err();
         assert!(

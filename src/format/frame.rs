@@ -421,11 +421,6 @@ impl<'a> Z4aiFrame<'a> {
     }
 
     fn element_access(&self) -> Result<Option<ElementAccess<'a>>> {
-        if let Transform::Bitfield(spec) = self.transform {
-            if spec.mant_planes() != 1 {
-                return Ok(None); // fp16/fp32 bit-fields interleave mantissa planes; never written by ckptfs
-            }
-        }
         let mut blocks = Vec::with_capacity(self.planes.len());
         for p in &self.planes {
             match PlaneBlocks::parse(p.method, p.payload, p.orig_len)? {
@@ -452,11 +447,19 @@ impl<'a> ElementAccess<'a> {
         self.frame.body_len() / self.frame.elem_bytes()
     }
 
-    /// The plane byte range that holds elements `[a, b)` of plane `i`.
-    fn plane_range(&self, i: usize, a: u64, b: u64) -> Range<u64> {
+    /// The plane byte ranges that hold elements `[a, b)` of plane `i`: one
+    /// range, except for a bit-field mantissa of several byte planes, which
+    /// are concatenated in the plane (low byte first).
+    fn plane_ranges(&self, i: usize, a: u64, b: u64) -> Vec<Range<u64>> {
         match (self.frame.transform, i) {
-            (Transform::Bitfield(_), 0) => a / 8..b.div_ceil(8),
-            _ => a..b,
+            (Transform::Bitfield(_), 0) => vec![a / 8..b.div_ceil(8)],
+            (Transform::Bitfield(spec), 2) => {
+                let n = self.elements();
+                (0..spec.mant_planes() as u64)
+                    .map(|k| k * n + a..k * n + b)
+                    .collect()
+            }
+            _ => vec![a..b],
         }
     }
 
@@ -479,15 +482,40 @@ impl<'a> ElementAccess<'a> {
             }
             return g;
         }
+        // The coarsest grid any plane offers: zstd blocks, or rANS chunks in
+        // groups of CHUNK_GROUP (the SIMD decoder takes that many at once).
+        let mut best: Option<Vec<u64>> = None;
         for (i, b) in self.blocks.iter().enumerate() {
-            if b.count() > 1 && !(matches!(self.frame.transform, Transform::Bitfield(_)) && i == 0)
-            {
-                let mut g: Vec<u64> = (0..b.count()).map(|j| b.bounds(j).start).collect();
-                g.push(n);
-                return g;
+            let (element_plane, limit) = match self.frame.transform {
+                // Not the packed sign bits; a multi-byte mantissa plane
+                // carries element boundaries in its first byte plane.
+                Transform::Bitfield(_) => (i != 0, n),
+                _ => (true, n),
+            };
+            if !element_plane || b.count() <= 1 {
+                continue;
+            }
+            let step = match b {
+                PlaneBlocks::Stored(_) => continue,
+                PlaneBlocks::Zstd(_) => 1,
+                PlaneBlocks::Rans(_) => rans::CHUNK_GROUP,
+            };
+            let starts: Vec<u64> = (0..b.count())
+                .step_by(step)
+                .map(|j| b.bounds(j).start)
+                .filter(|&s| s < limit)
+                .collect();
+            if starts.len() > 1 && best.as_ref().is_none_or(|g| starts.len() < g.len()) {
+                best = Some(starts);
             }
         }
-        vec![0, n]
+        match best {
+            Some(mut g) => {
+                g.push(n);
+                g
+            }
+            None => vec![0, n],
+        }
     }
 
     /// Decodes the frequency tables of every rANS plane (once per frame).
@@ -534,30 +562,38 @@ impl<'a> ElementAccess<'a> {
             let mut bufs = cell.take();
             bufs.resize_with(self.blocks.len().max(bufs.len()), Vec::new);
             let mut result = Ok(());
-            for (i, blk) in self.blocks.iter().enumerate() {
-                if matches!(blk, PlaneBlocks::Stored(_)) {
+            let mut borrowed: Vec<Option<&[u8]>> = vec![None; self.blocks.len()];
+            'planes: for (i, blk) in self.blocks.iter().enumerate() {
+                let ranges = self.plane_ranges(i, a, b);
+                if let (PlaneBlocks::Stored(p), [r]) = (blk, ranges.as_slice()) {
+                    borrowed[i] = Some(&p[r.start as usize..r.end as usize]);
                     continue;
                 }
-                let r = self.plane_range(i, a, b);
-                let len = (r.end - r.start) as usize;
-                if bufs[i].len() < len {
-                    bufs[i].resize(len, 0);
+                let len: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+                if (bufs[i].len() as u64) < len {
+                    bufs[i].resize(len as usize, 0);
                 }
-                if let Err(e) = blk.decode_range(r, tables.get(i), &mut bufs[i][..len]) {
-                    result = Err(e);
-                    break;
+                let mut at = 0usize;
+                for r in ranges {
+                    let l = (r.end - r.start) as usize;
+                    if let Err(e) = blk.decode_range(r, tables.get(i), &mut bufs[i][at..at + l]) {
+                        result = Err(e);
+                        break 'planes;
+                    }
+                    at += l;
                 }
             }
             if result.is_ok() {
-                let refs: Vec<&[u8]> = self
-                    .blocks
-                    .iter()
-                    .enumerate()
-                    .map(|(i, blk)| {
-                        let r = self.plane_range(i, a, b);
-                        match blk {
-                            PlaneBlocks::Stored(p) => &p[r.start as usize..r.end as usize],
-                            _ => &bufs[i][..(r.end - r.start) as usize],
+                let refs: Vec<&[u8]> = (0..self.blocks.len())
+                    .map(|i| match borrowed[i] {
+                        Some(s) => s,
+                        None => {
+                            let len: u64 = self
+                                .plane_ranges(i, a, b)
+                                .iter()
+                                .map(|r| r.end - r.start)
+                                .sum();
+                            &bufs[i][..len as usize]
                         }
                     })
                     .collect();
@@ -578,20 +614,21 @@ impl<'a> ElementAccess<'a> {
         };
         let mut out = Vec::new();
         for (i, blk) in self.blocks.iter().enumerate() {
-            let r = self.plane_range(i, a, b);
-            if r.is_empty() {
-                continue;
-            }
-            match blk {
-                PlaneBlocks::Stored(p) => out.push(rel(&p[r.start as usize..r.end as usize])),
-                PlaneBlocks::Zstd(z) => {
-                    for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
-                        out.push(rel(z.payload(j)));
-                    }
+            for r in self.plane_ranges(i, a, b) {
+                if r.is_empty() {
+                    continue;
                 }
-                PlaneBlocks::Rans(p) => {
-                    for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
-                        out.push(rel(p.chunk_payload(j)));
+                match blk {
+                    PlaneBlocks::Stored(p) => out.push(rel(&p[r.start as usize..r.end as usize])),
+                    PlaneBlocks::Zstd(z) => {
+                        for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
+                            out.push(rel(z.payload(j)));
+                        }
+                    }
+                    PlaneBlocks::Rans(p) => {
+                        for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
+                            out.push(rel(p.chunk_payload(j)));
+                        }
                     }
                 }
             }
