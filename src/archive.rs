@@ -80,8 +80,8 @@ impl From<CodecError> for GridError {
 pub struct Grid {
     pub bounds: Vec<u64>,
     /// Element size for sub-tensor blocks; 0 when the unit is one block.
-    elem_bytes: u64,
-    tables: RansTables,
+    pub(crate) elem_bytes: u64,
+    pub(crate) tables: RansTables,
 }
 
 impl Grid {

@@ -21,14 +21,18 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Compress a .safetensors file into a .zstn (or a model directory into a store with -r).
+    /// Compress a .safetensors file into a .zstn, a model directory into a store (-r), or a model directory into one .blz archive (-o NAME.blz).
     Pack(PackArgs),
-    /// Restore the original .safetensors from a .zstn (or a raw file from a .z4ai frame).
+    /// Restore the original .safetensors from a .zstn (a raw file from a .z4ai frame, a directory from a .blz).
     Unpack(UnpackArgs),
     /// Summarise archives: tensors, dtypes, sizes, ratio, frame kinds and plane methods.
     Info(InfoArgs),
     /// Decode everything and check all structure and checksums; one verdict line per file.
     Verify(VerifyArgs),
+    /// List the tensors of a .blz archive with dtype, shape and size.
+    List(ListArgs),
+    /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
+    Extract(ExtractArgs),
     /// Mount a store of .zstn archives read-only, presenting them as .safetensors files.
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
@@ -39,10 +43,10 @@ pub enum Command {
 pub struct UnpackArgs {
     /// The archive to unpack.
     pub input: PathBuf,
-    /// Output path (default: the input name without .zstn, ending in .safetensors).
+    /// Output path (default: the input name without .zstn, ending in .safetensors; for a .blz, the name without .blz).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Replace an existing output file.
+    /// Replace existing output files.
     #[arg(short, long)]
     pub force: bool,
 }
@@ -69,15 +73,45 @@ pub struct VerifyArgs {
 pub struct PackArgs {
     /// A .safetensors file, or with -r a model directory.
     pub input: PathBuf,
-    /// Output .zstn (default: INPUT with .safetensors replaced by .zstn); with -r the store directory.
+    /// Output .zstn (default: INPUT with .safetensors replaced by .zstn); with -r the store directory; a name ending in .blz packs the directory INPUT into one archive.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// For .blz: store tensor bytes raw (uncompressed little-endian, the BLAZE-X layout).
+    #[arg(long)]
+    pub raw: bool,
     /// Pack a whole directory tree: every .safetensors becomes a .zstn, every other file is copied.
     #[arg(short, long)]
     pub recursive: bool,
     /// zstd level for opaque (integer, bool, fp8) tensors.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub level: i32,
+    /// Replace existing output files.
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// The .blz archive.
+    pub input: PathBuf,
+    /// Only tensors whose name contains this substring.
+    #[arg(long, value_name = "SUBSTRING")]
+    pub filter: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExtractArgs {
+    /// The .blz archive.
+    pub input: PathBuf,
+    /// Tensor names (FILE:NAME when the name is in several shards).
+    #[arg(long = "tensor", value_name = "NAME", required = true, num_args = 1..)]
+    pub tensors: Vec<String>,
+    /// Output directory.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Write one .safetensors file (named after the archive) instead of a .bin per tensor.
+    #[arg(long)]
+    pub safetensors: bool,
     /// Replace existing output files.
     #[arg(short, long)]
     pub force: bool,

@@ -4,6 +4,8 @@
 //! command line; `fuse` and `commands` are thin layers over it.
 
 pub mod archive;
+pub mod blz;
+pub mod blz_writer;
 pub mod cache;
 pub mod cli;
 pub mod codec;

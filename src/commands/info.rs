@@ -221,6 +221,13 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
     let mut infos = Vec::new();
     let mut failed = false;
     for path in &a.files {
+        if super::blz::is_blz(path) {
+            if let Err(e) = super::blz::info(path, a.json) {
+                eprintln!("ckptfs: {e}");
+                failed = true;
+            }
+            continue;
+        }
         let r = match open_input(path) {
             Ok(Input::Zstn(ar)) => archive_info(&ar).map_err(|e| e.into()),
             Ok(Input::Frame(map)) => frame_info(path, &map),

@@ -1,6 +1,7 @@
 //! One module per subcommand. Each returns an exit code or an error whose
 //! one-line message names the file and what is wrong.
 
+mod blz;
 mod info;
 mod mount;
 mod pack;
@@ -39,6 +40,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Unpack(a) => unpack::run(g, a),
         Command::Info(a) => info::run(g, a),
         Command::Verify(a) => verify::run(g, a),
+        Command::List(a) => blz::list(g, a),
+        Command::Extract(a) => blz::extract(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
     }

@@ -79,6 +79,20 @@ fn report(input: &Path, output: &Path, s: &PackStats, secs: f64) {
 
 pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
     let opts = PackOptions { level: a.level };
+    if let Some(out) = a
+        .output
+        .as_ref()
+        .filter(|o| o.to_string_lossy().ends_with(".blz"))
+    {
+        if a.recursive {
+            return Err("-r packs into a store directory; an output ending in .blz is one archive (drop -r)".into());
+        }
+        super::blz::pack(g, &a.input, out, a.raw, a.level, a.force)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.raw {
+        return Err("--raw applies to .blz archives only (-o NAME.blz)".into());
+    }
     if a.recursive {
         let out = a.output.clone().ok_or("pack -r needs -o STORE_DIR")?;
         let t = Instant::now();

@@ -29,6 +29,9 @@ pub fn default_output(input: &Path, frame: bool) -> PathBuf {
 }
 
 pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
+    if super::blz::is_blz(&a.input) {
+        return super::blz::unpack(g, &a.input, a.output, a.force);
+    }
     let input = open_input(&a.input)?;
     let out = a
         .output

@@ -92,21 +92,25 @@ pub fn verify_archive(
 pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
     let mut failed = 0;
     for path in &a.files {
-        let r: Result<String> = match open_input(path) {
-            Ok(Input::Zstn(ar)) => verify_archive(&ar, g),
-            Ok(Input::Frame(map)) => (|| {
-                let f = Frame::parse(&map).map_err(|e| format!("{}: {e}", path.display()))?;
-                let mut out = vec![0u8; f.decoded_len() as usize];
-                f.decode(&mut out)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                Ok(format!(
-                    "z4ai frame {}, {} -> {} bytes",
-                    f.kind_tag(),
-                    out.len(),
-                    map.len()
-                ))
-            })(),
-            Err(e) => Err(e),
+        let r: Result<String> = if super::blz::is_blz(path) {
+            super::blz::verify(g, path)
+        } else {
+            match open_input(path) {
+                Ok(Input::Zstn(ar)) => verify_archive(&ar, g),
+                Ok(Input::Frame(map)) => (|| {
+                    let f = Frame::parse(&map).map_err(|e| format!("{}: {e}", path.display()))?;
+                    let mut out = vec![0u8; f.decoded_len() as usize];
+                    f.decode(&mut out)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    Ok(format!(
+                        "z4ai frame {}, {} -> {} bytes",
+                        f.kind_tag(),
+                        out.len(),
+                        map.len()
+                    ))
+                })(),
+                Err(e) => Err(e),
+            }
         };
         match r {
             Ok(msg) => println!("OK    {}: {msg}", path.display()),

@@ -1,5 +1,6 @@
 //! Pure parsing and rendering of on-disk formats. No I/O.
 
+pub mod blz;
 pub mod ckx;
 pub mod frame;
 pub mod safetensors;

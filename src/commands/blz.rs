@@ -1,0 +1,356 @@
+//! `.blz` model archives on the command line: `pack DIR -o X.blz`, `unpack`,
+//! `info`, `verify` (dispatched here from their modules by magic or output
+//! name), and `list` and `extract`, which only exist for `.blz`.
+
+use super::{progress, Global, Result};
+use crate::blz::BlzArchive;
+use crate::blz_writer::{pack_dir, BlzOptions};
+use crate::cli::{ExtractArgs, ListArgs};
+use crate::format::blz::{FileKind, MAGIC};
+use crate::fsutil::write_atomic;
+use crate::writer::PackOptions;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// True when `path` starts with the `.blz` magic.
+pub fn is_blz(path: &Path) -> bool {
+    let mut m = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut m))
+        .is_ok()
+        && &m == MAGIC
+}
+
+pub fn open(path: &Path) -> Result<BlzArchive> {
+    BlzArchive::open(path).map_err(|e| match e {
+        crate::format::blz::BlzError::Io { .. } => e.to_string().into(),
+        e => format!("{}: {e}", path.display()).into(),
+    })
+}
+
+pub fn pack(g: Global, src: &Path, out: &Path, raw: bool, level: i32, force: bool) -> Result<()> {
+    let opts = BlzOptions {
+        raw,
+        pack: PackOptions { level },
+    };
+    let t = Instant::now();
+    let total = crate::blz_writer::walk(src, None)
+        .map(|v| {
+            v.iter()
+                .filter_map(|(_, p)| std::fs::metadata(p).ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    let pb = progress(g, total, "pack");
+    let s = pack_dir(src, out, opts, force, &|n| pb.inc(n))?;
+    pb.finish_and_clear();
+    if !g.quiet {
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{} -> {}: {} files ({} shards, {} tensors, {} stored once more), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
+            src.display(),
+            out.display(),
+            s.files,
+            s.shards,
+            s.tensors,
+            s.deduplicated,
+            s.raw_bytes,
+            s.stored_bytes,
+            s.raw_bytes as f64 / s.stored_bytes.max(1) as f64,
+            s.raw_bytes as f64 / 1e6 / secs.max(1e-9)
+        );
+    }
+    Ok(())
+}
+
+/// Default output directory: the archive name without `.blz`.
+pub fn default_output(input: &Path) -> PathBuf {
+    let s = input.to_string_lossy();
+    match s.strip_suffix(".blz") {
+        Some(base) => PathBuf::from(base),
+        None => PathBuf::from(format!("{s}.d")),
+    }
+}
+
+/// Recreates the directory. Every target is checked before anything is
+/// written, so without `force` a clash leaves the output untouched.
+pub fn unpack(g: Global, input: &Path, out: Option<PathBuf>, force: bool) -> Result<ExitCode> {
+    let a = open(input)?;
+    let out = out.unwrap_or_else(|| default_output(input));
+    if !force {
+        for f in a.files() {
+            let p = out.join(&f.path);
+            if p.symlink_metadata().is_ok() {
+                return Err(format!("{}: exists (use --force to replace it)", p.display()).into());
+            }
+        }
+    }
+    let total = a.files().iter().map(|f| f.size).sum();
+    let pb = progress(g, total, "unpack");
+    for (i, f) in a.files().iter().enumerate() {
+        let p = out.join(&f.path);
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        write_atomic(&p, force, |w| {
+            a.write_file(i, w, &|n| pb.inc(n))
+                .map_err(std::io::Error::other)
+        })
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+        // Temporary files are created 0600; a model directory is shared.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    pb.finish_and_clear();
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn info(path: &Path, json: bool) -> Result<()> {
+    let a = open(path)?;
+    let raw: u64 = a.files().iter().map(|f| f.size).sum();
+    let shards = a
+        .files()
+        .iter()
+        .filter(|f| f.kind == FileKind::Safetensors)
+        .count();
+    let tensors: usize = a
+        .files()
+        .iter()
+        .map(|f| f.tensors.as_ref().map_or(0, |t| t.len()))
+        .sum();
+    let ratio = raw as f64 / a.stored_len().max(1) as f64;
+    let encodings = {
+        let mut m = std::collections::BTreeMap::<String, usize>::new();
+        for u in 0..a.units() as u32 {
+            let e = serde_json::to_value(a.blob(u).encoding).unwrap_or_default();
+            *m.entry(e.as_str().unwrap_or("?").to_string()).or_default() += 1;
+        }
+        m
+    };
+    if json {
+        let files: Vec<serde_json::Value> = a
+            .files()
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "path": f.path,
+                    "kind": f.kind,
+                    "size": f.size,
+                    "tensors": f.tensors.as_ref().map_or(0, |t| t.len()),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "file": path.display().to_string(),
+            "format": "blz v1",
+            "files": files,
+            "shards": shards,
+            "tensors": tensors,
+            "blobs": a.units(),
+            "blob_encodings": encodings,
+            "raw_bytes": raw,
+            "stored_bytes": a.stored_len(),
+            "ratio": ratio,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{}", path.display());
+    println!("  format        blz v{}", crate::format::blz::VERSION);
+    println!(
+        "  files         {} ({shards} safetensors shards)",
+        a.files().len()
+    );
+    println!(
+        "  tensors       {tensors} ({} blobs: {})",
+        a.units(),
+        encodings
+            .iter()
+            .map(|(k, v)| format!("{k} ×{v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("  raw bytes     {raw}");
+    println!("  stored bytes  {}", a.stored_len());
+    println!("  ratio         {ratio:.4}");
+    println!("  {:<56} {:>12} {:>8}  kind", "path", "size", "tensors");
+    for f in a.files() {
+        let stored = match (&f.text, &f.base64) {
+            (Some(_), _) => "file (text)",
+            (_, Some(_)) => "file (base64)",
+            _ if f.kind == FileKind::Safetensors => "safetensors",
+            _ => "file (blob)",
+        };
+        println!(
+            "  {:<56} {:>12} {:>8}  {stored}",
+            f.path,
+            f.size,
+            f.tensors.as_ref().map_or(0, |t| t.len()),
+        );
+    }
+    Ok(())
+}
+
+/// One verdict line.
+pub fn verify(g: Global, path: &Path) -> Result<String> {
+    let a = open(path)?;
+    let total = a.files().iter().map(|f| f.size).sum();
+    let pb = progress(g, total, "verify");
+    let s = a.verify(&|n| pb.inc(n))?;
+    pb.finish_and_clear();
+    Ok(format!(
+        "{} files ({} shards, {} tensors in {} blobs), {} -> {} bytes, ratio {:.4}, all checksums and the data SHA-256 verified",
+        s.files,
+        s.shards,
+        s.tensors,
+        s.blobs,
+        s.raw_bytes,
+        s.stored_bytes,
+        s.raw_bytes as f64 / s.stored_bytes.max(1) as f64
+    ))
+}
+
+pub fn list(_g: Global, a: ListArgs) -> Result<ExitCode> {
+    let ar = open(&a.input)?;
+    let mut out = std::io::stdout().lock();
+    for f in ar.files() {
+        for t in f.tensors.as_deref().unwrap_or_default() {
+            if a.filter
+                .as_ref()
+                .is_some_and(|s| !t.name.contains(s.as_str()))
+            {
+                continue;
+            }
+            let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
+            let r = writeln!(
+                out,
+                "{:<64} {:>8} {:>20} {:>12}  {}",
+                t.name,
+                t.dtype,
+                format!("[{}]", shape.join(", ")),
+                t.len(),
+                f.path
+            );
+            if r.is_err() {
+                // A closed pipe (`| head`) ends the listing quietly.
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// (file index, tensor index) of a tensor named `NAME` or `FILE:NAME`.
+fn find_tensor(a: &BlzArchive, spec: &str) -> Result<(usize, usize)> {
+    let hits = |name: &str, file: Option<&str>| -> Vec<(usize, usize)> {
+        let mut v = Vec::new();
+        for (i, f) in a.files().iter().enumerate() {
+            if file.is_some_and(|p| p != f.path) {
+                continue;
+            }
+            for (t, te) in f.tensors.as_deref().unwrap_or_default().iter().enumerate() {
+                if te.name == name {
+                    v.push((i, t));
+                }
+            }
+        }
+        v
+    };
+    let mut found = hits(spec, None);
+    if found.is_empty() {
+        if let Some((file, name)) = spec.split_once(':') {
+            found = hits(name, Some(file));
+        }
+    }
+    match found.len() {
+        0 => Err(format!("{}: no tensor {spec:?}", a.path().display()).into()),
+        1 => Ok(found[0]),
+        _ => Err(format!(
+            "{}: tensor {spec:?} is in {}; name it as FILE:NAME",
+            a.path().display(),
+            found
+                .iter()
+                .map(|(i, _)| a.files()[*i].path.as_str())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        )
+        .into()),
+    }
+}
+
+pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
+    let ar = open(&a.input)?;
+    let picked: Vec<(usize, usize)> = a
+        .tensors
+        .iter()
+        .map(|s| find_tensor(&ar, s))
+        .collect::<Result<_>>()?;
+    std::fs::create_dir_all(&a.output).map_err(|e| format!("{}: {e}", a.output.display()))?;
+    let werr = |p: &Path| {
+        let p = p.display().to_string();
+        move |e: std::io::Error| format!("{p}: {e}")
+    };
+    if a.safetensors {
+        let stem = a
+            .input
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tensors".into());
+        let p = a.output.join(format!("{stem}.safetensors"));
+        let mut header = serde_json::Map::new();
+        let mut datas = Vec::with_capacity(picked.len());
+        let mut off = 0u64;
+        for &(i, t) in &picked {
+            let te = &ar.files()[i].tensors.as_deref().unwrap_or_default()[t];
+            if header.contains_key(&te.name) {
+                return Err(format!("tensor {:?} named twice", te.name).into());
+            }
+            let d = ar.tensor_bytes(i, t)?;
+            header.insert(
+                te.name.clone(),
+                serde_json::json!({
+                    "dtype": te.dtype,
+                    "shape": te.shape,
+                    "data_offsets": [off, off + d.len() as u64],
+                }),
+            );
+            off += d.len() as u64;
+            datas.push(d);
+        }
+        let mut h = serde_json::to_vec(&header)?;
+        while h.len() % 8 != 0 {
+            h.push(b' ');
+        }
+        write_atomic(&p, a.force, |w| {
+            w.write_all(&(h.len() as u64).to_le_bytes())?;
+            w.write_all(&h)?;
+            for d in &datas {
+                w.write_all(d)?;
+            }
+            Ok(())
+        })
+        .map_err(werr(&p))?;
+        eprintln!("{}: {} tensors", p.display(), picked.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    for &(i, t) in &picked {
+        let te = &ar.files()[i].tensors.as_deref().unwrap_or_default()[t];
+        let d = ar.tensor_bytes(i, t)?;
+        let p = a
+            .output
+            .join(format!("{}.bin", te.name.replace(['/', '\0'], "_")));
+        write_atomic(&p, a.force, |w| w.write_all(&d)).map_err(werr(&p))?;
+        eprintln!(
+            "{}: {} {:?} {} bytes",
+            p.display(),
+            te.dtype,
+            te.shape,
+            d.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
