@@ -360,15 +360,28 @@ pub(crate) fn digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests
 /// Assigns each tensor (in data order) a FRAME or a REF to an earlier one
 /// with identical bytes.
 fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Option<usize>> {
-    let hashes: Vec<u64> = order
-        .par_iter()
-        .map(|t| xxh3_64(&data[t.begin as usize..t.end as usize]))
-        .collect();
+    // Candidates by length and a sampled fingerprint (head, middle, tail);
+    // a full byte comparison decides. Hashing every byte would cost a full
+    // pass over the input for what is almost always a miss.
+    let fingerprint = |t: &safetensors::TensorEntry| -> (u64, u64) {
+        let b = &data[t.begin as usize..t.end as usize];
+        const S: usize = 4096;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        if b.len() <= 3 * S {
+            h.update(b);
+        } else {
+            let mid = b.len() / 2 - S / 2;
+            h.update(&b[..S]);
+            h.update(&b[mid..mid + S]);
+            h.update(&b[b.len() - S..]);
+        }
+        (t.len(), h.digest())
+    };
     let mut seen: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
     let mut refs = vec![None; order.len()];
     for (i, t) in order.iter().enumerate() {
         let bytes = &data[t.begin as usize..t.end as usize];
-        let cands = seen.entry((hashes[i], t.len())).or_default();
+        let cands = seen.entry(fingerprint(t)).or_default();
         if let Some(&j) = cands
             .iter()
             .find(|&&j| &data[order[j].begin as usize..order[j].end as usize] == bytes)

@@ -367,14 +367,18 @@ pub fn bf16_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: &mut 
         .zip(exp.chunks_exact_mut(8))
         .zip(mant.chunks_exact_mut(8))
     {
-        let mut sb = 0u8;
+        // u16 lanes so the compiler can vectorise the 8 elements.
+        let mut u = [0u16; 8];
         for k in 0..8 {
-            let (lo, hi) = (b16[2 * k], b16[2 * k + 1]);
-            x8[k] = (hi << 1) | (lo >> 7);
-            m8[k] = lo & 0x7f;
-            sb |= (hi >> 7) << (7 - k);
+            u[k] = u16::from_le_bytes([b16[2 * k], b16[2 * k + 1]]);
         }
-        *s = sb;
+        let mut sb = 0u16;
+        for k in 0..8 {
+            x8[k] = (u[k] >> 7) as u8;
+            m8[k] = (u[k] & 0x7f) as u8;
+            sb |= (u[k] >> 15) << (7 - k);
+        }
+        *s = sb as u8;
     }
     let rest = &body[full * 16..];
     if !rest.is_empty() {
