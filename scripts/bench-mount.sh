@@ -71,7 +71,7 @@ def fio(path):
              "--ioengine=psync", "--runtime=10", "--time_based", "--readonly", "--output-format=json")
     return json.loads(out)["jobs"][0]["read"]["bw_bytes"] / 1e9
 
-LOAD = ("import sys,time\nfrom safetensors import safe_open\nt=time.perf_counter()\n"
+LOAD = ("import sys,time,ml_dtypes\nfrom safetensors import safe_open\nt=time.perf_counter()\n"
         "with safe_open(sys.argv[1],framework='numpy') as f:\n"
         "    for k in f.keys(): f.get_tensor(k)\nprint(time.perf_counter()-t)\n")
 

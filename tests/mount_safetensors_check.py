@@ -5,6 +5,7 @@ Usage: mount_safetensors_check.py MOUNTED ORIGINAL [MOUNTED ORIGINAL ...]
 Prints one line per file; exits 1 on the first mismatch.
 """
 import sys
+import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 with numpy)
 import numpy as np
 from safetensors import safe_open
 
