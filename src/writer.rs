@@ -170,7 +170,7 @@ fn dividing_chunks(n: usize, max: usize) -> Option<usize> {
     if n <= max {
         return Some(1);
     }
-    (n.div_ceil(max)..=n / (max / 8).max(1)).find(|k| n % k == 0)
+    (n.div_ceil(max)..=n / (max / 8).max(1)).find(|k| n.is_multiple_of(*k))
 }
 
 /// bf16 as a bit-field frame: the sign bits stored, the exponent byte

@@ -62,7 +62,7 @@ proptest! {
             let dtype = Dtype::ALL[*d];
             let mut shape = shape.clone();
             // Sub-byte dtypes need whole bytes.
-            if (shape.iter().product::<u64>() * dtype.bits()) % 8 != 0 {
+            if !(shape.iter().product::<u64>() * dtype.bits()).is_multiple_of(8) {
                 shape.push(8);
             }
             let numel: u64 = shape.iter().product();

@@ -12,7 +12,7 @@ use super::{CodecError, Result};
 
 /// Splits `body` (a whole number of `w`-byte elements) into `w` planes.
 pub fn byteplane_split(body: &[u8], w: usize) -> Vec<Vec<u8>> {
-    assert!(w > 0 && body.len() % w == 0);
+    assert!(w > 0 && body.len().is_multiple_of(w));
     let n = body.len() / w;
     let mut planes: Vec<Vec<u8>> = (0..w).map(|_| vec![0u8; n]).collect();
     match w {
@@ -46,7 +46,7 @@ pub fn byteplane_join(planes: &[&[u8]], out: &mut [u8]) -> Result<()> {
         };
     }
     let n = out.len() / w;
-    if out.len() % w != 0 || planes.iter().any(|p| p.len() != n) {
+    if !out.len().is_multiple_of(w) || planes.iter().any(|p| p.len() != n) {
         return Err(CodecError::invalid(
             "byte-plane frame",
             format!("planes of unequal length for {} output bytes", out.len()),
@@ -135,7 +135,7 @@ fn load(e: &[u8]) -> u32 {
 /// Splits whole elements into [sign, exponent, mantissa...] planes.
 pub fn bitfield_split(spec: BitfieldSpec, body: &[u8]) -> Vec<Vec<u8>> {
     let eb = spec.elem_bytes();
-    assert!(body.len() % eb == 0);
+    assert!(body.len().is_multiple_of(eb));
     let n = body.len() / eb;
     let mut sign = vec![0u8; n.div_ceil(8)];
     let mut exp = vec![0u8; n];
@@ -192,7 +192,7 @@ pub fn bitfield_join(
 ) -> Result<()> {
     let eb = spec.elem_bytes();
     let n = out.len() / eb;
-    if out.len() % eb != 0
+    if !out.len().is_multiple_of(eb)
         || exp.len() != n
         || mants.len() != spec.mant_planes()
         || mants.iter().any(|m| m.len() != n)
