@@ -23,6 +23,11 @@
 //! for that read only). A loader that panics wakes its waiters with an
 //! error rather than leaving them blocked.
 //!
+//! Prefetchers use [`BlockCache::load_if_absent`], which never waits on
+//! another loader's flight: prefetch runs on rayon workers, and decoders use
+//! rayon internally, so a worker parked on a condition variable could starve
+//! the very decode it waits for.
+//!
 //! Lock order: `BlockCache::inner`, then a `Flight::state`; a flight's lock
 //! is never held while taking `inner`.
 
@@ -198,6 +203,40 @@ impl<E> BlockCache<E> {
         }
     }
 
+    /// Loads `key` into the cache unless it is cached or already being
+    /// loaded; never waits for another loader. Prefetch uses this: it runs
+    /// on rayon workers, and a worker blocked on a flight whose owner needs
+    /// a rayon worker (decoders use rayon inside) would deadlock the pool.
+    pub fn load_if_absent<F>(&self, key: CacheKey, load: F) -> Option<Result<(), FetchError<E>>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        let flight = {
+            let mut inner = self.lock();
+            if inner.lru.contains(&key) || inner.flights.contains_key(&key) {
+                return None;
+            }
+            let f = Arc::new(Flight {
+                state: Mutex::new(None),
+                done: Condvar::new(),
+            });
+            inner.flights.insert(key, f.clone());
+            f
+        };
+        let guard = FlightGuard {
+            cache: self,
+            key,
+            flight,
+            finished: false,
+        };
+        let result = load()
+            .map(Arc::new)
+            .map_err(|e| FetchError::Load(Arc::new(e)));
+        let out = result.as_ref().map(|_| ()).map_err(Clone::clone);
+        guard.finish(result);
+        Some(out)
+    }
+
     /// Returns the block for `key`, calling `load` on a miss. Concurrent
     /// callers with the same key share one `load`.
     pub fn get_or_load<F>(&self, key: CacheKey, load: F) -> Result<Block, FetchError<E>>
@@ -307,6 +346,30 @@ mod tests {
         assert!(matches!(e, FetchError::Load(m) if *m == "checksum"));
         let ok = c.get_or_load(key(1, 0), || Ok(vec![7])).unwrap();
         assert_eq!(*ok, vec![7]);
+    }
+
+    #[test]
+    fn load_if_absent_never_waits_for_another_loader() {
+        let c: Arc<BlockCache<String>> = Arc::new(BlockCache::new(1 << 20));
+        let c2 = c.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let owner = std::thread::spawn(move || {
+            c2.get_or_load(key(1, 0), || {
+                tx.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                Ok(vec![1])
+            })
+        });
+        rx.recv().unwrap();
+        // In flight elsewhere: returns at once instead of blocking.
+        assert!(c.load_if_absent(key(1, 0), || unreachable!()).is_none());
+        owner.join().unwrap().unwrap();
+        assert!(c.load_if_absent(key(1, 0), || unreachable!()).is_none());
+        assert!(matches!(
+            c.load_if_absent(key(1, 1), || Ok(vec![2])),
+            Some(Ok(()))
+        ));
+        assert!(c.peek(&key(1, 1)).is_some());
     }
 
     #[test]

@@ -621,7 +621,8 @@ impl CheckpointFs {
             let cache = self.cache.clone();
             let archive = h.archive.clone();
             rayon::spawn(move || {
-                if let Err(FetchError::Load(e)) = cache.get_or_load(key, || archive.decode_block(k))
+                if let Some(Err(FetchError::Load(e))) =
+                    cache.load_if_absent(key, || archive.decode_block(k))
                 {
                     log::debug!("prefetch: {e}");
                 }
