@@ -385,13 +385,43 @@ impl<'a> Z4aiFrame<'a> {
             }
             _ => {
                 let decoded = decode_planes_parallel(&self.planes)?;
-                self.join(
-                    &decoded.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
-                    0,
-                    body,
-                )
+                let refs: Vec<&[u8]> = decoded.iter().map(|p| p.as_slice()).collect();
+                self.join_parallel(&refs, body)
             }
         }
+    }
+
+    /// Joins whole decoded planes, in parallel over element ranges for large
+    /// bodies (a single-threaded join of a 100 MB tensor costs more than
+    /// decoding it on two cores).
+    fn join_parallel(&self, planes: &[&[u8]], body: &mut [u8]) -> Result<()> {
+        use rayon::prelude::*;
+        const GROUP: usize = 1 << 20; // elements per job, a multiple of 8
+        let eb = self.elem_bytes() as usize;
+        let n = body.len() / eb;
+        let splittable = match self.transform {
+            Transform::BytePlane(_) => true,
+            Transform::Bitfield(spec) => spec.mant_planes() == 1,
+            Transform::Opaque => false,
+        };
+        if !splittable || n <= GROUP || planes.iter().any(|p| p.is_empty()) {
+            return self.join(planes, 0, body);
+        }
+        body.par_chunks_mut(GROUP * eb)
+            .enumerate()
+            .try_for_each(|(g, out)| {
+                let a = g * GROUP;
+                let b = a + out.len() / eb;
+                let parts: Vec<&[u8]> = match self.transform {
+                    Transform::Bitfield(_) => vec![
+                        &planes[0][a / 8..b.div_ceil(8)],
+                        &planes[1][a..b],
+                        &planes[2][a..b],
+                    ],
+                    _ => planes.iter().map(|p| &p[a..b]).collect(),
+                };
+                self.join(&parts, a as u64, out)
+            })
     }
 
     /// Joins decoded planes (or plane ranges starting at element `first`)
