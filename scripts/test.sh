@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-test-env.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets -q -- -D warnings
-cargo test --all-targets -q
+# A wedged mount must fail CI, not hang it.
+timeout 1800 cargo test --all-targets -q

@@ -27,6 +27,14 @@ where
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
         .tempfile_in(&dir)?;
+    // tempfile creates 0600 files; give the result the mode a plain create
+    // would have (0666 minus the umask).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = 0o666 & !umask();
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
     {
         let mut w = io::BufWriter::with_capacity(1 << 20, tmp.as_file());
         fill(&mut w)?;
@@ -39,6 +47,18 @@ where
         tmp.persist_noclobber(path).map_err(|e| e.error)?;
     }
     sync_dir(&dir)
+}
+
+/// The process umask, read without changing it (Linux `/proc/self/status`).
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022)
 }
 
 /// The directory holding `path` ("." for a bare file name).

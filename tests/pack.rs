@@ -215,6 +215,11 @@ fn cli_pack_default_name_refusal_and_tree() {
     );
     let z = model.join("model.zstn");
     assert!(z.exists());
+    // Outputs get the mode a plain create would (0666 minus the umask), not
+    // the 0600 of a temporary file.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&z).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o044, 0o044, "mode {mode:o}");
     // Refuses to overwrite without --force.
     let out = ckptfs(&["pack", "-q", src.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
