@@ -195,21 +195,6 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
         .zip(exp.par_chunks_mut(e))
         .zip(mant.par_chunks_mut(e))
         .for_each(|(((b, s), x), m)| transform::bf16_split_into(b, s, x, m));
-    let mant_plane = |m: &[u8]| -> PlaneOut {
-        let payload = encode_zstd_blocks(m, n.div_ceil(k).max(1), 1);
-        if payload.len() >= m.len() {
-            return PlaneOut {
-                method: plane::STORE,
-                orig_len: m.len() as u64,
-                payload: m.to_vec(),
-            };
-        }
-        PlaneOut {
-            method: plane::ZSTD_BLOCKS,
-            orig_len: m.len() as u64,
-            payload,
-        }
-    };
     let sign_plane = PlaneOut {
         method: plane::STORE,
         orig_len: sign.len() as u64,
@@ -217,7 +202,7 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
     };
     let (x, m) = rayon::join(
         || encode_plane(&exp, rans_chunks(n, k)),
-        || mant_plane(&mant),
+        || zstd_blocks_or_stored(&mant, n.div_ceil(k).max(1)),
     );
     render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
 }
@@ -252,22 +237,7 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
     let block = n / k;
     let (x, m) = rayon::join(
         || encode_plane(&exp, rans_chunks(n, k)),
-        || {
-            let payload = encode_zstd_blocks(&mant, block.max(1), 1);
-            if payload.len() >= mant.len() {
-                PlaneOut {
-                    method: plane::STORE,
-                    orig_len: mant.len() as u64,
-                    payload: mant.clone(),
-                }
-            } else {
-                PlaneOut {
-                    method: plane::ZSTD_BLOCKS,
-                    orig_len: mant.len() as u64,
-                    payload,
-                }
-            }
-        },
+        || zstd_blocks_or_stored(&mant, block.max(1)),
     );
     let sign_plane = PlaneOut {
         method: plane::STORE,
@@ -333,6 +303,26 @@ fn opaque_frame(raw: &[u8], opts: PackOptions) -> Vec<u8> {
         }
     };
     render_z4ai(Transform::Opaque, &[], &[p])
+}
+
+/// A plane in zstd blocks of `block` bytes (level 1: the planes it is used
+/// for are near-uniform, where Huffman does the work), or stored when that
+/// is not smaller.
+fn zstd_blocks_or_stored(data: &[u8], block: usize) -> PlaneOut {
+    let payload = encode_zstd_blocks(data, block, 1);
+    if payload.len() >= data.len() {
+        PlaneOut {
+            method: plane::STORE,
+            orig_len: data.len() as u64,
+            payload: data.to_vec(),
+        }
+    } else {
+        PlaneOut {
+            method: plane::ZSTD_BLOCKS,
+            orig_len: data.len() as u64,
+            payload,
+        }
+    }
 }
 
 /// The digests of one frame, computed exactly as the reader will.
