@@ -337,42 +337,13 @@ impl Archive {
     }
 
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
-        let grid = self.structural_grid(unit)?;
+        let u = &self.units[unit as usize];
+        let (grid, meta) = frame_grid(self.frame_bytes(unit), u.decoded_len)?;
         if let Some(ext) = &self.ext {
-            let bytes = self.frame_bytes(unit);
-            let frame = Frame::parse(bytes)?;
-            let access = if grid.elem_bytes == 0 {
-                None
-            } else {
-                frame.element_access()?
-            };
-            let meta = ckx::meta_digest(bytes, access.as_ref(), &grid.bounds, grid.elem_bytes);
             ext.verify_grid(unit as usize, &grid.bounds, meta)
                 .map_err(GridError::Integrity)?;
         }
-        Ok(grid)
-    }
-
-    fn structural_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, CodecError> {
-        let u = &self.units[unit as usize];
-        let frame = Frame::parse(self.frame_bytes(unit))?;
-        if frame.decoded_len() != u.decoded_len {
-            return Err(CodecError::LengthMismatch {
-                what: "frame",
-                got: frame.decoded_len(),
-                expected: u.decoded_len,
-            });
-        }
-        let (bounds, elem_bytes, access) = block_grid(&frame, u.decoded_len)?;
-        let tables = match &access {
-            Some(a) => a.load_tables()?,
-            None => RansTables::default(),
-        };
-        Ok(Arc::new(Grid {
-            bounds,
-            elem_bytes,
-            tables,
-        }))
+        Ok(Arc::new(grid))
     }
 
     /// Decodes one block: the unit bytes `grid.span(block)`. With a
@@ -387,46 +358,18 @@ impl Archive {
                 CodecError::invalid("block", format!("no block {b}")),
             ));
         }
-        let span = grid.span(b);
-        let mut out = vec![0u8; (span.end - span.start) as usize];
-        let bytes = self.frame_bytes(key.unit);
-        let frame = self.frame(key.unit)?;
-        let access = if grid.elem_bytes == 0 {
-            None
-        } else {
-            frame
-                .element_access()
-                .map_err(|e| self.frame_err(key.unit, e))?
-        };
         let unit = key.unit as usize;
-        if let Some(ext) = &self.ext {
-            let ranges = ckx::block_payload(
-                access.as_ref(),
-                bytes.len(),
-                &grid.bounds,
-                grid.elem_bytes,
-                b,
-            );
-            ext.verify_payload(unit, b, bytes, &ranges)
-                .map_err(|what| self.unit_integrity(key.unit, what))?;
-        }
-        match &access {
-            None => frame
-                .decode(&mut out)
-                .map_err(|e| self.frame_err(key.unit, e))?,
-            Some(access) => {
-                let eb = grid.elem_bytes;
-                let body = access.frame.body_len();
-                let b_body = span.end.min(body);
-                let (body_part, tail_part) = out.split_at_mut((b_body - span.start) as usize);
-                access
-                    .decode_elements(span.start / eb, b_body / eb, &grid.tables, body_part)
-                    .map_err(|e| self.frame_err(key.unit, e))?;
-                // The last block carries the tail.
-                let tail = access.frame.tail;
-                tail_part.copy_from_slice(&tail[tail.len() - tail_part.len()..]);
-            }
-        }
+        let want = self.ext.as_ref().map(|e| e.units[unit].blocks[b].payload);
+        let out =
+            decode_frame_block(self.frame_bytes(key.unit), &grid, b, want).map_err(
+                |e| match e {
+                    BlockError::Codec(e) => self.frame_err(key.unit, e),
+                    BlockError::Payload => self.unit_integrity(
+                        key.unit,
+                        format!("checksum mismatch in the compressed bytes of block {b}"),
+                    ),
+                },
+            )?;
         if let Some(ext) = &self.ext {
             ext.verify_data(unit, b, &out)
                 .map_err(|what| self.unit_integrity(key.unit, what))?;
@@ -580,6 +523,91 @@ impl Archive {
             .map(|(i, r)| (r.name.clone(), r.span(), self.record_unit[i]))
             .collect()
     }
+}
+
+/// Parses a frame into its block grid (checking that it decodes to
+/// `decoded_len`) and the CKX1 meta digest of its non-payload bytes. Shared
+/// by every reader of ckptfs frames (`.zstn` units, `.blz` blobs).
+pub(crate) fn frame_grid(
+    bytes: &[u8],
+    decoded_len: u64,
+) -> std::result::Result<(Grid, u64), CodecError> {
+    let frame = Frame::parse(bytes)?;
+    if frame.decoded_len() != decoded_len {
+        return Err(CodecError::LengthMismatch {
+            what: "frame",
+            got: frame.decoded_len(),
+            expected: decoded_len,
+        });
+    }
+    let (bounds, elem_bytes, access) = block_grid(&frame, decoded_len)?;
+    let meta = ckx::meta_digest(bytes, access.as_ref(), &bounds, elem_bytes);
+    let tables = match &access {
+        Some(a) => a.load_tables()?,
+        None => RansTables::default(),
+    };
+    Ok((
+        Grid {
+            bounds,
+            elem_bytes,
+            tables,
+        },
+        meta,
+    ))
+}
+
+/// Why a frame block could not be decoded.
+pub(crate) enum BlockError {
+    Codec(CodecError),
+    /// The compressed bytes do not match their checksum.
+    Payload,
+}
+
+/// Decodes block `b` of a frame laid out as `grid` says. With
+/// `payload_digest`, the block's compressed bytes are checked against it
+/// before anything is decoded.
+pub(crate) fn decode_frame_block(
+    bytes: &[u8],
+    grid: &Grid,
+    b: usize,
+    payload_digest: Option<u64>,
+) -> std::result::Result<Vec<u8>, BlockError> {
+    let frame = Frame::parse(bytes).map_err(BlockError::Codec)?;
+    let access = if grid.elem_bytes == 0 {
+        None
+    } else {
+        frame.element_access().map_err(BlockError::Codec)?
+    };
+    if let Some(want) = payload_digest {
+        let ranges = ckx::block_payload(
+            access.as_ref(),
+            bytes.len(),
+            &grid.bounds,
+            grid.elem_bytes,
+            b,
+        );
+        if ckx::hash_ranges(bytes, &ranges) != want {
+            return Err(BlockError::Payload);
+        }
+    }
+    let span = grid.span(b);
+    let mut out = vec![0u8; (span.end - span.start) as usize];
+    match &access {
+        None => frame.decode(&mut out).map_err(BlockError::Codec)?,
+        Some(access) => {
+            let eb = grid.elem_bytes;
+            let body = access.frame.body_len();
+            let b_body = span.end.min(body);
+            let (body_part, tail_part) = out.split_at_mut((b_body - span.start) as usize);
+            access
+                .decode_elements(span.start / eb, b_body / eb, &grid.tables, body_part)
+                .map_err(BlockError::Codec)?;
+            // The last block carries the tail.
+            let tail = access.frame.tail;
+            tail_part.copy_from_slice(&tail[tail.len() - tail_part.len()..]);
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,13 +23,14 @@
 //! The map is private and read-only; ckptfs replaces archives by rename,
 //! never in place.
 
-use crate::archive::{ArchiveError, BlockKey, Grid, Piece, PieceSource};
+use crate::archive::{
+    decode_frame_block, frame_grid, ArchiveError, BlockError, BlockKey, Grid, Piece, PieceSource,
+};
 use crate::codec::CodecError;
 use crate::format::blz::{
     self, BlobEntry, BlzError, Encoding, FileEntry, FileKind, Header as BlzHeader, Parsed,
 };
-use crate::format::ckx;
-use crate::format::frame::{block_grid, Frame, RansTables};
+use crate::format::frame::RansTables;
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
 use memmap2::Mmap;
@@ -331,37 +332,19 @@ impl BlzArchive {
                 tables: RansTables::default(),
             })),
             Encoding::Z4aiFrame => {
-                let bytes = self.blob_bytes(unit);
-                let frame = Frame::parse(bytes).map_err(GridError::Codec)?;
-                if frame.decoded_len() != b.decoded_length {
-                    return Err(GridError::Codec(CodecError::LengthMismatch {
-                        what: "frame",
-                        got: frame.decoded_len(),
-                        expected: b.decoded_length,
-                    }));
-                }
-                let (bounds, elem_bytes, access) =
-                    block_grid(&frame, b.decoded_length).map_err(GridError::Codec)?;
-                if bounds != declared {
+                let (grid, meta) = frame_grid(self.blob_bytes(unit), b.decoded_length)
+                    .map_err(GridError::Codec)?;
+                if grid.bounds != declared {
                     return Err(GridError::Integrity(
                         "block layout of the frame differs from the header".into(),
                     ));
                 }
-                let meta = ckx::meta_digest(bytes, access.as_ref(), &bounds, elem_bytes);
                 if Some(meta) != b.meta.map(|d| d.0) {
                     return Err(GridError::Integrity(
                         "checksum mismatch in frame headers or tables".into(),
                     ));
                 }
-                let tables = match &access {
-                    Some(a) => a.load_tables().map_err(GridError::Codec)?,
-                    None => RansTables::default(),
-                };
-                Ok(Arc::new(Grid {
-                    bounds,
-                    elem_bytes,
-                    tables,
-                }))
+                Ok(Arc::new(grid))
             }
         }
     }
@@ -386,46 +369,19 @@ impl BlzArchive {
         let out = match blob.encoding {
             Encoding::Raw => bytes[span.start as usize..span.end as usize].to_vec(),
             Encoding::Z4aiFrame => {
-                let frame = Frame::parse(bytes).map_err(|e| self.frame_err(key.unit, e))?;
-                let access = if grid.elem_bytes == 0 {
-                    None
-                } else {
-                    frame
-                        .element_access()
-                        .map_err(|e| self.frame_err(key.unit, e))?
+                // Frames always carry a payload digest.
+                let Some(want) = expect.payload.map(|d| d.0) else {
+                    return Err(
+                        self.unit_integrity(key.unit, format!("block {b} has no payload checksum"))
+                    );
                 };
-                let ranges = ckx::block_payload(
-                    access.as_ref(),
-                    bytes.len(),
-                    &grid.bounds,
-                    grid.elem_bytes,
-                    b,
-                );
-                if Some(ckx::hash_ranges(bytes, &ranges)) != expect.payload.map(|d| d.0) {
-                    return Err(self.unit_integrity(
+                decode_frame_block(bytes, &grid, b, Some(want)).map_err(|e| match e {
+                    BlockError::Codec(e) => self.frame_err(key.unit, e),
+                    BlockError::Payload => self.unit_integrity(
                         key.unit,
                         format!("checksum mismatch in the compressed bytes of block {b}"),
-                    ));
-                }
-                let mut out = vec![0u8; (span.end - span.start) as usize];
-                match &access {
-                    None => frame
-                        .decode(&mut out)
-                        .map_err(|e| self.frame_err(key.unit, e))?,
-                    Some(access) => {
-                        let eb = grid.elem_bytes;
-                        let body = access.frame.body_len();
-                        let b_body = span.end.min(body);
-                        let (body_part, tail_part) =
-                            out.split_at_mut((b_body - span.start) as usize);
-                        access
-                            .decode_elements(span.start / eb, b_body / eb, &grid.tables, body_part)
-                            .map_err(|e| self.frame_err(key.unit, e))?;
-                        let tail = access.frame.tail;
-                        tail_part.copy_from_slice(&tail[tail.len() - tail_part.len()..]);
-                    }
-                }
-                out
+                    ),
+                })?
             }
         };
         if xxh3_64(&out) != expect.data.0 {
