@@ -19,7 +19,7 @@
 //!
 //! Lock order: `InodeTable::tables`, then an `Inode::state`.
 
-use super::ArchiveSlot;
+use super::{ArchiveSlot, BlzSlot};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -35,6 +35,29 @@ pub enum NodeKind {
     Archive,
     /// Anything else, passed through as it is.
     Plain,
+    /// A `.blz` model archive presented as a read-only directory; its
+    /// state holds the parsed archive.
+    Blz,
+    /// A directory inside a `.blz`. `root` is the inode of the `.blz`;
+    /// the path inside the archive is `backing` relative to the root's
+    /// `backing`, and `identity` is the `.blz` file's.
+    BlzDir {
+        root: u64,
+    },
+    /// A file inside a `.blz` (same fields as `BlzDir`).
+    BlzFile {
+        root: u64,
+    },
+}
+
+impl NodeKind {
+    /// Presented as a directory.
+    pub fn is_dir(self) -> bool {
+        matches!(
+            self,
+            NodeKind::Directory | NodeKind::Blz | NodeKind::BlzDir { .. }
+        )
+    }
 }
 
 /// Identity of a backing file: (st_dev, st_ino).
@@ -59,6 +82,8 @@ pub struct InodeState {
     pub attr: Option<super::Attr>,
     /// The parsed archive of the version last seen (archives only).
     pub archive: Option<ArchiveSlot>,
+    /// The parsed `.blz` of the version last seen (`Blz` inodes only).
+    pub blz: Option<BlzSlot>,
     /// Generation of the archive version the previous open served; an open
     /// of the same generation keeps the kernel page cache.
     pub last_open_generation: Option<u64>,
@@ -178,6 +203,7 @@ impl InodeTable {
             return;
         }
         st.archive = None;
+        st.blz = None;
         drop(st);
         let current = t.by_name.get(&(inode.parent, inode.name.clone())) == Some(&ino);
         if !current {

@@ -17,6 +17,19 @@
 //!   ([`prefetch`]); plain reads are `pread`s (or kernel passthrough,
 //!   decided by the adapter).
 //!
+//! `.blz` model archives: `X.blz` is presented as a read-only directory
+//! `X` holding the archive's files (exact sizes, subdirectories). Entries
+//! inside are virtual inodes (`NodeKind::BlzDir` / `BlzFile`) that name
+//! the `.blz` inode (`NodeKind::Blz`, whose state holds the parsed
+//! [`BlzArchive`] of the version last seen, one generation per version) and
+//! carry the `.blz` file's identity, so they follow the same numbering and
+//! replacement rules as every other inode. A file inside is opened as an
+//! archive handle over (archive, file index) and read through the same
+//! block cache and prefetch as a `.zstn`; blocks are keyed by (generation,
+//! blob, block), so a tensor shared by several shards is cached once. A
+//! `.blz` that cannot be parsed is still listed as a directory; `opendir`
+//! and `lookup` in it fail with EIO and log the file and reason.
+//!
 //! Freshness: every `lookup` and `getattr` re-stats the backing path, and
 //! directory listings are read from STORE at `opendir`, so files that
 //! appear, change or disappear in STORE show up on the next lookup or
@@ -38,7 +51,8 @@ pub mod prefetch;
 pub use error::{FsError, Result};
 pub use inode::{NodeKind, ROOT_INO};
 
-use crate::archive::{Archive, ArchiveError, BlockKey, PieceSource};
+use crate::archive::{Archive, ArchiveError, BlockKey, Piece, PieceSource};
+use crate::blz::BlzArchive;
 use crate::cache::{BlockCache, CacheKey, CacheStats, FetchError};
 use inode::{Inode, InodeTable};
 use prefetch::{Policy, Sequential};
@@ -163,18 +177,80 @@ fn version_of(m: &Metadata) -> Version {
 }
 
 /// The parsed archive of one backing version, or why it cannot be parsed.
-#[derive(Debug, Clone)]
-pub struct ArchiveSlot {
+#[derive(Debug)]
+pub struct Slot<A> {
     version: Version,
     /// Unique per process: the cache key of this version's blocks.
     generation: u64,
-    archive: std::result::Result<Arc<Archive>, Arc<String>>,
+    archive: std::result::Result<Arc<A>, Arc<String>>,
 }
+
+impl<A> Clone for Slot<A> {
+    fn clone(&self) -> Self {
+        Slot {
+            version: self.version,
+            generation: self.generation,
+            archive: self.archive.clone(),
+        }
+    }
+}
+
+/// A parsed `.zstn` version.
+pub type ArchiveSlot = Slot<Archive>;
+/// A parsed `.blz` version.
+pub type BlzSlot = Slot<BlzArchive>;
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
+/// What an archive handle serves: a `.zstn`, or one file of a `.blz`.
+#[derive(Clone)]
+enum Served {
+    Zstn(Arc<Archive>),
+    Blz(Arc<BlzArchive>, usize),
+}
+
+type ArchiveResult<T> = std::result::Result<T, ArchiveError>;
+
+impl Served {
+    fn logical_len(&self) -> u64 {
+        match self {
+            Served::Zstn(a) => a.logical_len(),
+            Served::Blz(a, i) => a.logical_len(*i),
+        }
+    }
+    fn path(&self) -> &Path {
+        match self {
+            Served::Zstn(a) => a.path(),
+            Served::Blz(a, _) => a.path(),
+        }
+    }
+    fn plan(&self, range: std::ops::Range<u64>) -> ArchiveResult<Vec<Piece>> {
+        match self {
+            Served::Zstn(a) => a.plan(range),
+            Served::Blz(a, i) => a.plan(*i, range),
+        }
+    }
+    fn decode_block(&self, k: BlockKey) -> ArchiveResult<Vec<u8>> {
+        match self {
+            Served::Zstn(a) => a.decode_block(k),
+            Served::Blz(a, _) => a.decode_block(k),
+        }
+    }
+    fn read_with(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        fetch: &dyn Fn(BlockKey) -> ArchiveResult<Arc<Vec<u8>>>,
+    ) -> ArchiveResult<usize> {
+        match self {
+            Served::Zstn(a) => a.read_with(offset, buf, fetch),
+            Served::Blz(a, i) => a.read_with(*i, offset, buf, fetch),
+        }
+    }
+}
+
 struct ArchiveHandle {
-    archive: Arc<Archive>,
+    archive: Served,
     generation: u64,
     seq: Mutex<Sequential>,
 }
@@ -288,10 +364,217 @@ impl CheckpointFs {
 
     fn dir_inode(&self, ino: u64) -> Result<Arc<Inode>> {
         let i = self.inode(ino)?;
-        match i.kind {
-            NodeKind::Directory => Ok(i),
-            NodeKind::Archive | NodeKind::Plain => Err(FsError::NotADirectory),
+        if i.kind.is_dir() {
+            Ok(i)
+        } else {
+            Err(FsError::NotADirectory)
         }
+    }
+
+    /// The `.blz` inode behind a `Blz`/`BlzDir`/`BlzFile` inode, and the
+    /// inode's path inside the archive ("" for the archive's root).
+    fn blz_root(&self, inode: &Arc<Inode>) -> Result<(Arc<Inode>, String)> {
+        let root = match inode.kind {
+            NodeKind::Blz => return Ok((inode.clone(), String::new())),
+            NodeKind::BlzDir { root } | NodeKind::BlzFile { root } => self.inode(root)?,
+            NodeKind::Directory | NodeKind::Archive | NodeKind::Plain => {
+                return Err(FsError::NotFound)
+            }
+        };
+        let inner = inode
+            .backing
+            .strip_prefix(&root.backing)
+            .map_err(|_| FsError::Stale)?
+            .to_str()
+            .ok_or(FsError::NotFound)?
+            .to_string();
+        Ok((root, inner))
+    }
+
+    /// The parsed `.blz` of `root`'s current backing version (parsed on
+    /// first sight of that version) and the backing file's metadata.
+    fn blz_slot(&self, root: &Inode) -> Result<(BlzSlot, Metadata)> {
+        let path = self.full(root);
+        let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+        if (m.dev(), m.ino()) != root.identity {
+            return Err(FsError::Stale);
+        }
+        let mut st = root.state();
+        if let Some(s) = &st.blz {
+            if s.version == version_of(&m) {
+                return Ok((s.clone(), m));
+            }
+        }
+        let file = File::open(&path).map_err(not_found_is)?;
+        let fm = file.metadata()?;
+        if (fm.dev(), fm.ino()) != root.identity {
+            return Err(FsError::Stale);
+        }
+        let archive = match BlzArchive::from_file(&file, &path) {
+            Ok(a) => Ok(Arc::new(a)),
+            Err(e) => {
+                log::warn!(
+                    "{}: {e} (listed as a directory; opening it fails with EIO)",
+                    path.display()
+                );
+                Err(Arc::new(e.to_string()))
+            }
+        };
+        let slot = BlzSlot {
+            version: version_of(&fm),
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            archive,
+        };
+        st.blz = Some(slot.clone());
+        Ok((slot, fm))
+    }
+
+    /// Like [`Self::blz_slot`], but an unparseable archive is EIO (logged).
+    fn blz_archive(&self, root: &Inode) -> Result<(Arc<BlzArchive>, u64, Metadata)> {
+        let (slot, m) = self.blz_slot(root)?;
+        match slot.archive {
+            Ok(a) => Ok((a, slot.generation, m)),
+            Err(reason) => {
+                let e = FsError::BadArchive {
+                    path: self.full(root),
+                    reason,
+                };
+                log::error!("{e}");
+                Err(e)
+            }
+        }
+    }
+
+    /// Attributes of an entry inside a `.blz` whose backing file has
+    /// metadata `m`: read-only, owner and times of the `.blz`.
+    fn blz_entry_attr(ino: u64, m: &Metadata, dir: bool, size: u64) -> Attr {
+        let mut a = attr_from_meta(ino, m, size);
+        a.blocks = size.div_ceil(512);
+        a.rdev = 0;
+        let r = a.perm & 0o444;
+        if dir {
+            a.kind = FileKind::Directory;
+            a.perm = r | (r >> 2);
+            a.nlink = 2;
+        } else {
+            a.kind = FileKind::RegularFile;
+            a.perm = r;
+            a.nlink = 1;
+        }
+        a
+    }
+
+    /// Attributes of a `BlzDir`/`BlzFile` inode, the `.blz` having
+    /// metadata `m`.
+    fn blz_attr(&self, inode: &Arc<Inode>) -> Result<Attr> {
+        let (root, inner) = self.blz_root(inode)?;
+        let attr = match inode.kind {
+            NodeKind::BlzFile { .. } => {
+                let (a, _, m) = self.blz_archive(&root)?;
+                let i = a.find(&inner).ok_or(FsError::Stale)?;
+                Self::blz_entry_attr(inode.ino, &m, false, a.logical_len(i))
+            }
+            _ => {
+                let (_, m) = self.blz_slot(&root)?;
+                Self::blz_entry_attr(inode.ino, &m, true, 4096)
+            }
+        };
+        inode.state().attr = Some(attr);
+        Ok(attr)
+    }
+
+    /// `lookup` in a `.blz` directory.
+    fn lookup_blz(&self, p: &Arc<Inode>, name: &OsStr) -> Result<Entry> {
+        let (root, inner) = self.blz_root(p)?;
+        let n = name.to_str().ok_or(FsError::NotFound)?;
+        if n.is_empty() || n == "." || n == ".." || n.contains('/') {
+            return Err(FsError::NotFound);
+        }
+        let path = if inner.is_empty() {
+            n.to_string()
+        } else {
+            format!("{inner}/{n}")
+        };
+        let (a, _, m) = self.blz_archive(&root)?;
+        let (kind, attr_of) = if let Some(i) = a.find(&path) {
+            (NodeKind::BlzFile { root: root.ino }, Some(a.logical_len(i)))
+        } else if a.directories().binary_search(&path).is_ok() {
+            (NodeKind::BlzDir { root: root.ino }, None)
+        } else {
+            return Err(FsError::NotFound);
+        };
+        let inode = self
+            .inodes
+            .assign(p.ino, name, p.backing.join(name), kind, root.identity);
+        let attr = match attr_of {
+            Some(size) => Self::blz_entry_attr(inode.ino, &m, false, size),
+            None => Self::blz_entry_attr(inode.ino, &m, true, 4096),
+        };
+        let mut st = inode.state();
+        st.attr = Some(attr);
+        st.lookups += 1;
+        Ok(Entry {
+            attr,
+            ttl: self.ttl,
+        })
+    }
+
+    /// `opendir` of a `.blz` directory: its files and subdirectories.
+    fn opendir_blz(&self, d: &Arc<Inode>) -> Result<u64> {
+        let (root, inner) = self.blz_root(d)?;
+        let (a, _, _) = self.blz_archive(&root)?;
+        let dirs = a.directories();
+        if !inner.is_empty() && dirs.binary_search(&inner).is_err() {
+            return Err(FsError::Stale);
+        }
+        let prefix = if inner.is_empty() {
+            String::new()
+        } else {
+            format!("{inner}/")
+        };
+        let child = |p: &str| -> Option<String> {
+            let rest = p.strip_prefix(&prefix)?;
+            (!rest.is_empty() && !rest.contains('/')).then(|| rest.to_string())
+        };
+        let mut kids: Vec<(String, bool)> = a
+            .files()
+            .iter()
+            .filter_map(|f| child(&f.path).map(|n| (n, false)))
+            .chain(dirs.iter().filter_map(|p| child(p).map(|n| (n, true))))
+            .collect();
+        kids.sort();
+        let mut items = vec![
+            DirItem {
+                ino: d.ino,
+                kind: FileKind::Directory,
+                name: ".".into(),
+            },
+            DirItem {
+                ino: d.parent,
+                kind: FileKind::Directory,
+                name: "..".into(),
+            },
+        ];
+        for (name, dir) in kids {
+            let (kind, fk) = if dir {
+                (NodeKind::BlzDir { root: root.ino }, FileKind::Directory)
+            } else {
+                (NodeKind::BlzFile { root: root.ino }, FileKind::RegularFile)
+            };
+            let inode = self.inodes.assign(
+                d.ino,
+                OsStr::new(&name),
+                d.backing.join(&name),
+                kind,
+                root.identity,
+            );
+            items.push(DirItem {
+                ino: inode.ino,
+                kind: fk,
+                name: name.into(),
+            });
+        }
+        Ok(self.insert_handle(Handle::Dir(items)))
     }
 
     fn warn_once(&self, path: &Path, msg: impl FnOnce() -> String) {
@@ -345,7 +628,12 @@ impl CheckpointFs {
                     }
                 }
                 let (c, m) = found.ok_or(FsError::NotFound)?;
-                Ok((c, NodeKind::Archive, m))
+                let kind = if namespace::is_blz_name(&c) {
+                    NodeKind::Blz
+                } else {
+                    NodeKind::Archive
+                };
+                Ok((c, kind, m))
             }
             Err(e) => Err(FsError::Io(e)),
         }
@@ -395,15 +683,28 @@ impl CheckpointFs {
                 Ok(a) => a.logical_len(),
                 Err(_) => meta.len(),
             },
-            NodeKind::Directory | NodeKind::Plain => meta.len(),
+            NodeKind::Directory | NodeKind::Plain | NodeKind::Blz => meta.len(),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
+                return Err(FsError::Stale);
+            }
         };
-        let attr = attr_from_meta(inode.ino, meta, size);
+        let mut attr = attr_from_meta(inode.ino, meta, size);
+        if inode.kind == NodeKind::Blz {
+            // Listed even when it cannot be parsed; nothing is parsed here.
+            attr.kind = FileKind::Directory;
+            let r = attr.perm & 0o444;
+            attr.perm = r | (r >> 2);
+            attr.nlink = 2;
+        }
         inode.state().attr = Some(attr);
         Ok(attr)
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
         let p = self.dir_inode(parent)?;
+        if matches!(p.kind, NodeKind::Blz | NodeKind::BlzDir { .. }) {
+            return self.lookup_blz(&p, name);
+        }
         let dir = self.full(&p);
         let (backing, kind, meta) = self.resolve_name(&dir, name)?;
         let inode = self.inodes.assign(
@@ -427,6 +728,17 @@ impl CheckpointFs {
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let inode = self.inode(ino)?;
+        if matches!(
+            inode.kind,
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
+        ) {
+            return match self.blz_attr(&inode) {
+                // The `.blz` was replaced or removed, or no longer has
+                // this entry: answer what it last was.
+                Err(FsError::Stale | FsError::NotFound) => inode.state().attr.ok_or(FsError::Stale),
+                r => r,
+            };
+        }
         match std::fs::symlink_metadata(self.full(&inode)) {
             Ok(m) if (m.dev(), m.ino()) == inode.identity => self.attr_of(&inode, &m),
             // The path was replaced or removed: this inode is the old file;
@@ -446,6 +758,12 @@ impl CheckpointFs {
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let inode = self.inode(ino)?;
+        if matches!(
+            inode.kind,
+            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
+        ) {
+            return Err(FsError::Io(io::Error::from_raw_os_error(libc::EINVAL)));
+        }
         Ok(std::fs::read_link(self.full(&inode))
             .map_err(not_found_is)?
             .into_os_string()
@@ -478,7 +796,26 @@ impl CheckpointFs {
         let inode = self.inode(ino)?;
         let path = self.full(&inode);
         match inode.kind {
-            NodeKind::Directory => Err(FsError::IsADirectory),
+            NodeKind::Directory | NodeKind::Blz | NodeKind::BlzDir { .. } => {
+                Err(FsError::IsADirectory)
+            }
+            NodeKind::BlzFile { .. } => {
+                let (root, inner) = self.blz_root(&inode)?;
+                let (archive, generation, _) = self.blz_archive(&root)?;
+                let index = archive.find(&inner).ok_or(FsError::Stale)?;
+                let keep_cache = {
+                    let mut st = inode.state();
+                    let keep = st.last_open_generation == Some(generation);
+                    st.last_open_generation = Some(generation);
+                    keep
+                };
+                let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    archive: Served::Blz(archive, index),
+                    generation,
+                    seq: Mutex::new(Sequential::default()),
+                }));
+                Ok(Opened::Archive { fh, keep_cache })
+            }
             NodeKind::Plain => {
                 let file = File::open(&path).map_err(not_found_is)?;
                 let m = file.metadata()?;
@@ -510,7 +847,7 @@ impl CheckpointFs {
                     keep
                 };
                 let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
-                    archive,
+                    archive: Served::Zstn(archive),
                     generation: slot.generation,
                     seq: Mutex::new(Sequential::default()),
                 }));
@@ -640,6 +977,9 @@ impl CheckpointFs {
     /// Reads the directory from STORE now; `readdir` serves this snapshot.
     pub fn opendir(&self, ino: u64) -> Result<u64> {
         let d = self.dir_inode(ino)?;
+        if matches!(d.kind, NodeKind::Blz | NodeKind::BlzDir { .. }) {
+            return self.opendir_blz(&d);
+        }
         let dir = self.full(&d);
         let mut raw = Vec::new();
         let mut kinds = HashMap::new();
@@ -667,7 +1007,9 @@ impl CheckpointFs {
         ];
         for r in resolved {
             let (ft, bino) = kinds[&r.backing];
-            let (kind, fk) = if r.archive {
+            let (kind, fk) = if r.archive && namespace::is_blz_name(&r.backing) {
+                (NodeKind::Blz, FileKind::Directory)
+            } else if r.archive {
                 (NodeKind::Archive, FileKind::RegularFile)
             } else if ft.is_dir() {
                 (NodeKind::Directory, FileKind::Directory)
@@ -725,7 +1067,11 @@ impl CheckpointFs {
     fn xattrs(&self, ino: u64) -> Result<Vec<(&'static str, String)>> {
         let inode = self.inode(ino)?;
         match inode.kind {
-            NodeKind::Directory | NodeKind::Plain => return Ok(Vec::new()),
+            NodeKind::Directory
+            | NodeKind::Plain
+            | NodeKind::Blz
+            | NodeKind::BlzDir { .. }
+            | NodeKind::BlzFile { .. } => return Ok(Vec::new()),
             NodeKind::Archive => {}
         }
         let m = std::fs::symlink_metadata(self.full(&inode)).map_err(not_found_is)?;

@@ -3,8 +3,11 @@
 //! - a regular file `X.zstn` is presented as `X.safetensors`;
 //! - a regular file `X.safetensors.zstn` is presented as `X.safetensors` too
 //!   (and wins over `X.zstn` if both exist);
-//! - a plain `X.safetensors` wins over either archive: the archive is
-//!   shadowed and a warning is logged (once per backing path);
+//! - a regular file `X.blz` (a whole model directory) is presented as a
+//!   read-only directory `X` (its contents are served by `CheckpointFs`);
+//! - a plain entry wins over any archive presenting the same name, and a
+//!   `.zstn` wins over a `.blz`: the loser is shadowed and a warning is
+//!   logged (once per backing path);
 //! - everything else (directories, symlinks, other files, and a `.zstn`
 //!   that is not a regular file) is presented under its own name.
 //!
@@ -18,10 +21,22 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 pub const ARCHIVE_SUFFIX: &[u8] = b".zstn";
 pub const PRESENTED_SUFFIX: &[u8] = b".safetensors";
+pub const BLZ_SUFFIX: &[u8] = b".blz";
+
+/// True when `name` is a `.blz` model archive name (`X.blz`, `X` not empty).
+pub fn is_blz_name(name: &OsStr) -> bool {
+    name.as_bytes()
+        .strip_suffix(BLZ_SUFFIX)
+        .is_some_and(|stem| !stem.is_empty())
+}
 
 /// The name a backing archive `X.zstn` / `X.safetensors.zstn` is shown as,
 /// or `None` if `name` is not an archive name.
 pub fn presented_name(name: &OsStr) -> Option<OsString> {
+    if is_blz_name(name) {
+        let stem = name.as_bytes().strip_suffix(BLZ_SUFFIX)?;
+        return Some(OsString::from_vec(stem.to_vec()));
+    }
     let stem = name.as_bytes().strip_suffix(ARCHIVE_SUFFIX)?;
     if stem.is_empty() || stem == PRESENTED_SUFFIX {
         return None;
@@ -40,17 +55,32 @@ pub fn is_archive_name(name: &OsStr) -> bool {
 
 /// Backing archive names that could present as `name`, best first.
 pub fn archive_candidates(name: &OsStr) -> Vec<OsString> {
-    let Some(stem) = name.as_bytes().strip_suffix(PRESENTED_SUFFIX) else {
-        return Vec::new();
-    };
-    if stem.is_empty() {
-        return Vec::new();
+    let mut out = Vec::new();
+    if let Some(stem) = name.as_bytes().strip_suffix(PRESENTED_SUFFIX) {
+        if !stem.is_empty() {
+            let mut long = name.as_bytes().to_vec();
+            long.extend_from_slice(ARCHIVE_SUFFIX);
+            let mut short = stem.to_vec();
+            short.extend_from_slice(ARCHIVE_SUFFIX);
+            out.push(OsString::from_vec(long));
+            out.push(OsString::from_vec(short));
+        }
     }
-    let mut long = name.as_bytes().to_vec();
-    long.extend_from_slice(ARCHIVE_SUFFIX);
-    let mut short = stem.to_vec();
-    short.extend_from_slice(ARCHIVE_SUFFIX);
-    vec![OsString::from_vec(long), OsString::from_vec(short)]
+    if !name.is_empty() && name.as_bytes() != b"." && name.as_bytes() != b".." {
+        let mut blz = name.as_bytes().to_vec();
+        blz.extend_from_slice(BLZ_SUFFIX);
+        out.push(OsString::from_vec(blz));
+    }
+    out
+}
+
+/// Priority of backing archive `backing` for presented name `presented`
+/// (lower wins), following [`archive_candidates`].
+fn rank(presented: &OsStr, backing: &OsStr) -> usize {
+    archive_candidates(presented)
+        .iter()
+        .position(|c| c == backing)
+        .unwrap_or(usize::MAX)
 }
 
 /// One presented directory entry and where it comes from.
@@ -92,8 +122,9 @@ pub fn resolve_dir(entries: &[(OsString, bool)]) -> (Vec<Resolved>, Vec<Shadowed
         .filter(|(n, regular)| *regular && is_archive_name(n))
         .map(|(n, _)| (presented_name(n).expect("archive name"), n.clone()))
         .collect();
-    // `X.safetensors.zstn` before `X.zstn` for the same presented name.
-    archives.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.len().cmp(&a.1.len())));
+    // `X.safetensors.zstn` before `X.zstn` before `X.safetensors.blz` for
+    // the same presented name.
+    archives.sort_by(|a, b| a.0.cmp(&b.0).then(rank(&a.0, &a.1).cmp(&rank(&b.0, &b.1))));
     for (presented, backing) in archives {
         match by_name.get(&presented) {
             Some(winner) => shadowed.push(Shadowed {
@@ -136,9 +167,19 @@ mod tests {
         assert_eq!(presented_name(&os("m.bin")), None);
         assert_eq!(
             archive_candidates(&os("m.safetensors")),
-            vec![os("m.safetensors.zstn"), os("m.zstn")]
+            vec![
+                os("m.safetensors.zstn"),
+                os("m.zstn"),
+                os("m.safetensors.blz")
+            ]
         );
-        assert!(archive_candidates(&os("config.json")).is_empty());
+        assert_eq!(
+            archive_candidates(&os("config.json")),
+            vec![os("config.json.blz")]
+        );
+        assert_eq!(presented_name(&os("model.blz")), Some(os("model")));
+        assert_eq!(presented_name(&os(".blz")), None);
+        assert!(is_blz_name(&os("model.blz")) && !is_blz_name(&os(".blz")));
     }
 
     #[test]
@@ -150,6 +191,9 @@ mod tests {
             (os("b.safetensors.zstn"), true),
             (os("c.zstn"), false), // a directory named c.zstn
             (os("config.json"), true),
+            (os("model.blz"), true),
+            (os("d.blz"), true),
+            (os("d"), false), // a directory d hides d.blz
         ];
         let (list, shadowed) = resolve_dir(&entries);
         let names: Vec<_> = list
@@ -163,6 +207,8 @@ mod tests {
                 (os("b.safetensors"), os("b.safetensors.zstn"), true),
                 (os("c.zstn"), os("c.zstn"), false),
                 (os("config.json"), os("config.json"), false),
+                (os("d"), os("d"), false),
+                (os("model"), os("model.blz"), true),
             ]
         );
         assert_eq!(
@@ -175,6 +221,10 @@ mod tests {
                 Shadowed {
                     hidden: os("b.zstn"),
                     shown: os("b.safetensors.zstn")
+                },
+                Shadowed {
+                    hidden: os("d.blz"),
+                    shown: os("d")
                 },
             ]
         );

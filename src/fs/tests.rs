@@ -381,3 +381,116 @@ fn concurrent_readers_of_one_handle_get_correct_bytes() {
         t.join().unwrap();
     }
 }
+
+/// A safetensors file of U8 tensors.
+fn st_file(tensors: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, bytes) in tensors {
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "U8", "shape": [bytes.len()],
+                "data_offsets": [data.len(), data.len() + bytes.len()]}),
+        );
+        data.extend_from_slice(bytes);
+    }
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    out
+}
+
+#[test]
+fn blz_is_a_read_only_directory_sharing_tied_blocks_in_the_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let tied: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let own: Vec<u8> = (0..100_000u32).map(|i| (i % 13) as u8).collect();
+    let a = st_file(&[("embed", &tied), ("w", &own)]);
+    let b = st_file(&[("lm_head", &tied)]);
+    std::fs::write(src.join("a.safetensors"), &a).unwrap();
+    std::fs::write(src.join("b.safetensors"), &b).unwrap();
+    std::fs::write(src.join("sub/tok.bin"), [0u8, 255, 1, 254]).unwrap();
+    let store = tmp.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    crate::blz_writer::pack_dir(
+        &src,
+        &store.join("m.blz"),
+        Default::default(),
+        false,
+        &|_| {},
+    )
+    .unwrap();
+    std::fs::write(store.join("junk.blz"), b"not a blz").unwrap();
+    let fs = fs_over(&store, 64 << 20);
+
+    let names: Vec<OsString> = list(&fs, ROOT_INO).into_iter().map(|e| e.3).collect();
+    assert!(names.contains(&"m".into()) && names.contains(&"junk".into()));
+    assert!(!names.contains(&"m.blz".into()));
+    let m = fs.lookup(ROOT_INO, OsStr::new("m")).unwrap().attr;
+    assert_eq!(m.kind, FileKind::Directory);
+    assert_eq!(m.perm & 0o222, 0);
+    let kids: Vec<(FileKind, OsString)> = list(&fs, m.ino)
+        .into_iter()
+        .skip(2)
+        .map(|e| (e.2, e.3))
+        .collect();
+    assert_eq!(
+        kids,
+        vec![
+            (FileKind::RegularFile, "a.safetensors".into()),
+            (FileKind::RegularFile, "b.safetensors".into()),
+            (FileKind::Directory, "sub".into()),
+        ]
+    );
+    let ea = fs.lookup(m.ino, OsStr::new("a.safetensors")).unwrap().attr;
+    assert_eq!(ea.size, a.len() as u64);
+    assert_eq!(
+        fs.lookup(m.ino, OsStr::new("a.safetensors"))
+            .unwrap()
+            .attr
+            .ino,
+        ea.ino,
+        "stable inode numbers"
+    );
+    assert_eq!(fs.getattr(ea.ino).unwrap().size, a.len() as u64);
+    let eb = fs.lookup(m.ino, OsStr::new("b.safetensors")).unwrap().attr;
+    assert!(matches!(
+        fs.open(ea.ino, libc::O_RDWR),
+        Err(FsError::ReadOnly)
+    ));
+    assert!(matches!(
+        fs.open(m.ino, libc::O_RDONLY),
+        Err(FsError::IsADirectory)
+    ));
+    assert_eq!(read_all(&fs, ea.ino).unwrap(), a);
+    let before = fs.cache_stats();
+    // b holds only the tensor tied to a's: every block is already cached.
+    assert_eq!(read_all(&fs, eb.ino).unwrap(), b);
+    let after = fs.cache_stats();
+    assert_eq!(after.misses, before.misses, "tied tensor decoded once");
+    assert!(after.hits > before.hits);
+    let sub = fs.lookup(m.ino, OsStr::new("sub")).unwrap().attr;
+    assert_eq!(sub.kind, FileKind::Directory);
+    let tok = fs.lookup(sub.ino, OsStr::new("tok.bin")).unwrap().attr;
+    assert_eq!(tok.size, 4);
+    assert_eq!(read_all(&fs, tok.ino).unwrap(), [0u8, 255, 1, 254]);
+    assert!(matches!(
+        fs.lookup(m.ino, OsStr::new("nope")),
+        Err(FsError::NotFound)
+    ));
+
+    // An unparseable .blz: a directory whose listing and lookups are EIO.
+    let junk = fs.lookup(ROOT_INO, OsStr::new("junk")).unwrap().attr;
+    assert_eq!(junk.kind, FileKind::Directory);
+    assert_eq!(fs.opendir(junk.ino).unwrap_err().errno(), libc::EIO);
+    assert_eq!(
+        fs.lookup(junk.ino, OsStr::new("a")).unwrap_err().errno(),
+        libc::EIO
+    );
+}
