@@ -76,8 +76,30 @@ now() { date +%s.%N; }
 mbs() { awk -v b="$1" -v t="$2" 'BEGIN { printf "%.0f", b / 1e6 / t }'; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f%%", 100 * a / b }'; }
 
-printf '%-14s %12s %12s %7s %12s %7s %12s %7s %9s %9s %9s\n' \
-  model dir_bytes blz_bytes blz/dir blz_raw raw/dir zstn_dir zstn/dir pack_MB/s unpk_MB/s raw_pk_MB/s
+# Cold load of every tensor of every shard with safetensors (numpy): drop the
+# page cache, then safe_open + get_tensor; median of 3 runs.
+load() {
+  "$PY" - "$1" <<'PYLOAD'
+import glob, os, statistics, subprocess, sys, time
+import ml_dtypes  # noqa: F401  (numpy bf16 for safetensors)
+from safetensors import safe_open
+root = sys.argv[1]
+shards = sorted(glob.glob(os.path.join(root, "**", "*.safetensors"), recursive=True))
+ts = []
+for _ in range(3):
+    subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3\n")
+    t = time.perf_counter()
+    for p in shards:
+        with safe_open(p, framework="numpy") as f:
+            for k in f.keys():
+                f.get_tensor(k)
+    ts.append(time.perf_counter() - t)
+print(f"{statistics.median(ts):.2f}")
+PYLOAD
+}
+MNT=$(mktemp -d /tmp/bench-blz-mnt.XXXXXX)
+printf '%-14s %12s %12s %7s %12s %7s %12s %7s %9s %9s %9s %9s %9s\n' \
+  model dir_bytes blz_bytes blz/dir blz_raw raw/dir zstn_dir zstn/dir pack_MB/s unpk_MB/s raw_pk_MB/s load_dir_s load_mnt_s
 for m in minilm-fp32 minilm-bf16 gen-1g-bf16; do
   d=$WORK/$m
   rm -rf "$WORK/$m.blz" "$WORK/$m.raw.blz" "$WORK/$m.zstn" "$WORK/$m.out"
@@ -91,8 +113,15 @@ for m in minilm-fp32 minilm-bf16 gen-1g-bf16; do
   pk=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
   up=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print b - a }')
   rp=$(awk -v a="$t2" -v b="$t3" 'BEGIN { print b - a }')
-  printf '%-14s %12s %12s %7s %12s %7s %12s %7s %9s %9s %9s\n' "$m" "$dir" "$blz" "$(pct "$blz" "$dir")" \
-    "$raw" "$(pct "$raw" "$dir")" "$z" "$(pct "$z" "$dir")" "$(mbs "$dir" "$pk")" "$(mbs "$dir" "$up")" "$(mbs "$dir" "$rp")"
+  ld=$(load "$WORK/$m.out")
+  mkdir -p "$WORK/store-$m" && ln -f "$WORK/$m.blz" "$WORK/store-$m/$m.blz"
+  "$BIN" mount "$WORK/store-$m" "$MNT" >/dev/null
+  lm=$(load "$MNT/$m")
+  "$BIN" umount "$MNT"
+  rm -rf "$WORK/store-$m"
+  printf '%-14s %12s %12s %7s %12s %7s %12s %7s %9s %9s %9s %9s %9s\n' "$m" "$dir" "$blz" "$(pct "$blz" "$dir")" \
+    "$raw" "$(pct "$raw" "$dir")" "$z" "$(pct "$z" "$dir")" "$(mbs "$dir" "$pk")" "$(mbs "$dir" "$up")" "$(mbs "$dir" "$rp")" "$ld" "$lm"
   rm -rf "$WORK/$m.out"
 done
-echo "cores: $(nproc); ckptfs $("$BIN" --version | cut -d' ' -f2)"
+rmdir "$MNT"
+echo "cores: $(nproc); ckptfs $("$BIN" --version | cut -d' ' -f2); load_*: cold safe_open + get_tensor of every shard, from the unpacked directory and through the mount, median of 3"
