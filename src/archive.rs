@@ -63,7 +63,7 @@ struct Unit {
 }
 
 #[derive(Debug, Clone)]
-enum GridError {
+pub(crate) enum GridError {
     Codec(CodecError),
     Integrity(String),
 }
@@ -101,9 +101,31 @@ impl Grid {
 }
 
 /// The bytes of an archive: a file mapping, or memory (tests, fuzzing).
-enum Backing {
+/// Shared by the `.zstn` and `.blz` readers.
+pub(crate) enum Backing {
     Map(Mmap),
     Owned(Vec<u8>),
+}
+
+impl Backing {
+    /// Maps a file read-only (an empty file cannot be mapped: it is held as
+    /// an empty buffer).
+    pub(crate) fn map(file: &File) -> std::io::Result<Backing> {
+        if file.metadata()?.len() == 0 {
+            return Ok(Backing::Owned(Vec::new()));
+        }
+        // SAFETY: the map is read-only and private to this process; ckptfs
+        // never truncates archives in place (it replaces them by rename), so
+        // the mapped pages stay valid for the map's lifetime.
+        Ok(Backing::Map(unsafe { Mmap::map(file) }?))
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
 }
 
 pub struct Archive {
@@ -140,15 +162,7 @@ impl Archive {
             path: path.to_path_buf(),
             source,
         };
-        let len = file.metadata().map_err(io)?.len();
-        // SAFETY: the map is read-only and private to this process; ckptfs
-        // never truncates archives in place (it replaces them by rename), so
-        // the mapped pages stay valid for the map's lifetime.
-        let map = if len == 0 {
-            Backing::Owned(Vec::new())
-        } else {
-            Backing::Map(unsafe { Mmap::map(file) }.map_err(io)?)
-        };
+        let map = Backing::map(file).map_err(io)?;
         Archive::from_backing(map, path)
     }
 
@@ -158,10 +172,7 @@ impl Archive {
     }
 
     fn from_backing(map: Backing, path: &Path) -> Result<Archive> {
-        let bytes: &[u8] = match &map {
-            Backing::Map(m) => m,
-            Backing::Owned(v) => v,
-        };
+        let bytes = map.bytes();
         let zstn = Zstn::parse(bytes).map_err(|source| ArchiveError::Container {
             path: path.to_path_buf(),
             source,
@@ -229,10 +240,7 @@ impl Archive {
     }
 
     fn bytes(&self) -> &[u8] {
-        match &self.map {
-            Backing::Map(m) => m,
-            Backing::Owned(v) => v,
-        }
+        self.map.bytes()
     }
 
     fn integrity(&self, what: String) -> ArchiveError {

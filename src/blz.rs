@@ -24,7 +24,8 @@
 //! never in place.
 
 use crate::archive::{
-    decode_frame_block, frame_grid, ArchiveError, BlockError, BlockKey, Grid, Piece, PieceSource,
+    decode_frame_block, frame_grid, ArchiveError, Backing, BlockError, BlockKey, Grid, GridError,
+    Piece, PieceSource,
 };
 use crate::codec::CodecError;
 use crate::format::blz::{
@@ -33,7 +34,6 @@ use crate::format::blz::{
 use crate::format::frame::RansTables;
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
-use memmap2::Mmap;
 use rayon::prelude::*;
 use sha2::{Digest as _, Sha256};
 use std::fs::File;
@@ -45,22 +45,11 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 pub type Result<T> = std::result::Result<T, ArchiveError>;
 
-enum Backing {
-    Map(Mmap),
-    Owned(Vec<u8>),
-}
-
 /// One blob: its grid, built and checked on first use.
 struct Unit {
     /// The first file (and tensor) that uses it, for messages.
     name: String,
     grid: OnceLock<std::result::Result<Arc<Grid>, GridError>>,
-}
-
-#[derive(Debug, Clone)]
-enum GridError {
-    Codec(CodecError),
-    Integrity(String),
 }
 
 /// A blob as part of a file: file bytes `[start, start + len)` are the
@@ -121,15 +110,7 @@ impl BlzArchive {
             path: path.display().to_string(),
             source,
         };
-        let len = file.metadata().map_err(io)?.len();
-        // SAFETY: the map is read-only and private to this process; ckptfs
-        // never truncates archives in place (it replaces them by rename), so
-        // the mapped pages stay valid for the map's lifetime.
-        let map = if len == 0 {
-            Backing::Owned(Vec::new())
-        } else {
-            Backing::Map(unsafe { Mmap::map(file) }.map_err(io)?)
-        };
+        let map = Backing::map(file).map_err(io)?;
         BlzArchive::from_backing(map, path)
     }
 
@@ -139,11 +120,7 @@ impl BlzArchive {
     }
 
     fn from_backing(map: Backing, path: &Path) -> std::result::Result<BlzArchive, BlzError> {
-        let bytes: &[u8] = match &map {
-            Backing::Map(m) => m,
-            Backing::Owned(v) => v,
-        };
-        let parsed = blz::parse(bytes)?;
+        let parsed = blz::parse(map.bytes())?;
         let h = &parsed.header;
         let mut names: Vec<Option<String>> = vec![None; h.blobs.len()];
         let mut name = |i: u32, n: &dyn Fn() -> String| {
@@ -221,10 +198,7 @@ impl BlzArchive {
     }
 
     fn bytes(&self) -> &[u8] {
-        match &self.map {
-            Backing::Map(m) => m,
-            Backing::Owned(v) => v,
-        }
+        self.map.bytes()
     }
 
     fn integrity(&self, what: String) -> ArchiveError {

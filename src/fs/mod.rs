@@ -543,18 +543,7 @@ impl CheckpointFs {
             .chain(dirs.iter().filter_map(|p| child(p).map(|n| (n, true))))
             .collect();
         kids.sort();
-        let mut items = vec![
-            DirItem {
-                ino: d.ino,
-                kind: FileKind::Directory,
-                name: ".".into(),
-            },
-            DirItem {
-                ino: d.parent,
-                kind: FileKind::Directory,
-                name: "..".into(),
-            },
-        ];
+        let mut items = dot_entries(d.ino, d.parent);
         for (name, dir) in kids {
             let (kind, fk) = if dir {
                 (NodeKind::BlzDir { root: root.ino }, FileKind::Directory)
@@ -993,18 +982,7 @@ impl CheckpointFs {
         for s in shadowed {
             self.warn_shadowed(&dir, &s.hidden, &s.shown);
         }
-        let mut items = vec![
-            DirItem {
-                ino: d.ino,
-                kind: FileKind::Directory,
-                name: ".".into(),
-            },
-            DirItem {
-                ino: d.parent,
-                kind: FileKind::Directory,
-                name: "..".into(),
-            },
-        ];
+        let mut items = dot_entries(d.ino, d.parent);
         for r in resolved {
             let (ft, bino) = kinds[&r.backing];
             let (kind, fk) = if r.archive && namespace::is_blz_name(&r.backing) {
@@ -1148,6 +1126,22 @@ impl CheckpointFs {
             frsize: s.f_frsize as u32,
         })
     }
+}
+
+/// The `.` and `..` entries every listing starts with.
+fn dot_entries(ino: u64, parent: u64) -> Vec<DirItem> {
+    vec![
+        DirItem {
+            ino,
+            kind: FileKind::Directory,
+            name: ".".into(),
+        },
+        DirItem {
+            ino: parent,
+            kind: FileKind::Directory,
+            name: "..".into(),
+        },
+    ]
 }
 
 #[cfg(test)]
