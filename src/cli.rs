@@ -132,6 +132,11 @@ pub struct MountArgs {
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     pub allow_other: bool,
+    /// Refuse every change (EROFS) and leave STORE untouched. By default the
+    /// mount is writable: `.safetensors` files written into it are staged
+    /// and recompressed to `.zstn` after they are closed.
+    #[arg(long)]
+    pub read_only: bool,
     /// error, warn, info, debug or trace (or a RUST_LOG filter); RUST_LOG also works.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,

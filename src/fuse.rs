@@ -21,14 +21,19 @@
 //! `FOPEN_DIRECT_IO`, so `mmap` works. `O_DIRECT` opens need nothing: the
 //! kernel sends their reads straight here.
 
-use crate::fs::{Attr, CheckpointFs, DirectoryReplier, FileKind, FsError, Opened};
+use crate::fs::{
+    Attr, Caller, CheckpointFs, DirectoryReplier, FileKind, FsError, Opened, SetAttr, SetTime,
+};
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    AccessFlags, BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::path::Path;
+use std::time::SystemTime;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -55,6 +60,74 @@ impl CheckpointFuse {
 
     fn backing(&self) -> std::sync::MutexGuard<'_, BackingIds> {
         self.backing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The handle, open flags and passthrough backing id (if any) for an
+    /// opened file. `open_backing` registers a file with the kernel.
+    fn open_reply(
+        &self,
+        ino: u64,
+        o: Opened,
+        open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
+    ) -> (u64, FopenFlags, Option<Arc<BackingId>>) {
+        match o {
+            Opened::Archive { fh, keep_cache } => {
+                let f = if keep_cache {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                (fh, f, None)
+            }
+            Opened::Plain {
+                fh,
+                file,
+                passthrough,
+            } => {
+                if passthrough && self.passthrough.load(Ordering::Relaxed) {
+                    let mut b = self.backing();
+                    let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
+                        Some(id) => Ok(id),
+                        None => open_backing(&file).map(Arc::new),
+                    };
+                    match id {
+                        Ok(id) => {
+                            b.by_ino.insert(ino, Arc::downgrade(&id));
+                            b.by_fh.insert(fh, id.clone());
+                            return (fh, FopenFlags::empty(), Some(id));
+                        }
+                        Err(e) => {
+                            log::warn!(
+                                "passthrough unavailable ({e}); serving plain files by pread"
+                            );
+                            self.passthrough.store(false, Ordering::Relaxed);
+                        }
+                    }
+                }
+                (fh, FopenFlags::empty(), None)
+            }
+        }
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, r: crate::fs::Result<crate::fs::Entry>) {
+    match r {
+        Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
     }
 }
 
@@ -127,6 +200,9 @@ impl Filesystem for CheckpointFuse {
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // O_TRUNC arrives with the open, so truncating an archive
+            // stages an empty file instead of decoding a copy first.
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
         ] {
             if caps.contains(flag) {
                 let _ = config.add_capabilities(flag);
@@ -159,8 +235,8 @@ impl Filesystem for CheckpointFuse {
         self.fs.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr_fh(ino.0, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -175,40 +251,215 @@ impl Filesystem for CheckpointFuse {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
-            Ok(Opened::Archive { fh, keep_cache }) => {
-                let f = if keep_cache {
-                    FopenFlags::FOPEN_KEEP_CACHE
-                } else {
-                    FopenFlags::empty()
-                };
-                reply.opened(FileHandle(fh), f);
-            }
-            Ok(Opened::Plain { fh, file }) => {
-                if self.passthrough.load(Ordering::Relaxed) {
-                    let mut b = self.backing();
-                    let id = match b.by_ino.get(&ino.0).and_then(Weak::upgrade) {
-                        Some(id) => Ok(id),
-                        None => reply.open_backing(&*file).map(Arc::new),
-                    };
-                    match id {
-                        Ok(id) => {
-                            b.by_ino.insert(ino.0, Arc::downgrade(&id));
-                            b.by_fh.insert(fh, id.clone());
-                            reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-                            return;
-                        }
-                        Err(e) => {
-                            log::warn!(
-                                "passthrough unavailable ({e}); serving plain files by pread"
-                            );
-                            self.passthrough.store(false, Ordering::Relaxed);
-                        }
-                    }
+            Ok(o) => {
+                let (fh, f, backing) =
+                    self.open_reply(ino.0, o, |file| reply.open_backing(file));
+                match backing {
+                    Some(id) => reply.opened_passthrough(FileHandle(fh), f, &id),
+                    None => reply.opened(FileHandle(fh), f),
                 }
-                reply.opened(FileHandle(fh), FopenFlags::empty());
             }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.fs.create(parent.0, name, mode, flags, caller(req)) {
+            Ok((e, o)) => {
+                let (fh, f, backing) =
+                    self.open_reply(e.attr.ino, o, |file| reply.open_backing(file));
+                let attr = file_attr(&e.attr);
+                match backing {
+                    Some(id) => reply.created_passthrough(
+                        &e.ttl,
+                        &attr,
+                        Generation(0),
+                        FileHandle(fh),
+                        f,
+                        &id,
+                    ),
+                    None => reply.created(&e.ttl, &attr, Generation(0), FileHandle(fh), f),
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        match self.fs.fsync(fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsyncdir(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fallocate(fh.0, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let t = |t: Option<TimeOrNow>| {
+            t.map(|t| match t {
+                TimeOrNow::Now => SetTime::Now,
+                TimeOrNow::SpecificTime(t) => SetTime::At(t),
+            })
+        };
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: t(atime),
+            mtime: t(mtime),
+        };
+        match self.fs.setattr(ino.0, a, fh.map(|f| f.0)) {
+            Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(reply, self.fs.mknod(parent.0, name, mode, rdev, caller(req)));
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(reply, self.fs.mkdir(parent.0, name, mode, caller(req)));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(
+            reply,
+            self.fs.symlink(parent.0, link_name, target, caller(req)),
+        );
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(reply, self.fs.link(ino.0, newparent.0, newname));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.fs.unlink(parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.fs.rmdir(parent.0, name));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(
+            reply,
+            self.fs
+                .rename(parent.0, name, newparent.0, newname, flags.bits()),
+        );
     }
 
     fn read(

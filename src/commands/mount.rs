@@ -171,6 +171,9 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
     if let Some(s) = &a.cache_size {
         cmd.arg("--cache-size").arg(s);
     }
+    if a.read_only {
+        cmd.arg("--read-only");
+    }
     if a.allow_other {
         cmd.arg("--allow-other");
     }
@@ -326,17 +329,33 @@ fn foreground(
         store: store.clone(),
         cache_bytes,
         ttl: Duration::from_secs(1),
+        read_only: a.read_only,
     })
     .map_err(|e| format!("{}: {e}", store.display()))?;
+    let fs = std::sync::Arc::new(fs);
+    // Modes of created files arrive with the caller's umask applied; the
+    // daemon's own must not apply twice.
+    // SAFETY: umask only changes this process's file creation mask.
+    unsafe { libc::umask(0) };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writeback = {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("ckptfs-writeback".into())
+            .spawn(move || fs.writeback_loop(&stop))?
+    };
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(format!("ckptfs:{}", store.display())),
         MountOption::Subtype("ckptfs".into()),
-        MountOption::RO,
         MountOption::DefaultPermissions,
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
+    if a.read_only {
+        config.mount_options.push(MountOption::RO);
+    }
     config.acl = if a.allow_other {
         SessionACL::All
     } else {
@@ -346,7 +365,7 @@ fn foreground(
     config.clone_fd = true;
     let signals = signal_pipe()?;
     let mut session = Session::new(
-        CheckpointFuse::new(std::sync::Arc::new(fs)),
+        CheckpointFuse::new(fs.clone()),
         &mountpoint,
         &config,
     )
@@ -379,6 +398,16 @@ fn foreground(
     session
         .run()
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    fs.wake_writeback();
+    let _ = writeback.join();
+    // Files closed just before the unmount: compress them now rather than
+    // at the next mount (they are durable in the spool either way).
+    if fs.staged_count() > 0 {
+        log::info!("compressing {} staged file(s) before exiting", fs.staged_count());
+        fs.requeue_all();
+        fs.run_writeback();
+    }
     log::info!("unmounted {}", mountpoint.display());
     let _ = std::io::stderr().flush();
     Ok(ExitCode::SUCCESS)

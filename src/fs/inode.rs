@@ -3,26 +3,33 @@
 //! An inode is identified by (parent inode, presented name, backing file
 //! identity (dev, ino)). Looking up the same path while it names the same
 //! backing file always yields the same number. When STORE replaces the file
-//! (a rename over it, a backup restore), the next lookup sees a different
-//! backing identity and allocates a new inode, exactly as a local
-//! filesystem gives the new file a new `st_ino`. The old inode lives on
-//! while the kernel references it, so open handles and their page cache
-//! keep the version they opened and never mix with the new one.
+//! behind the mount's back (an rsync, a backup restore), the next lookup
+//! sees a different backing identity and allocates a new inode, exactly as
+//! a local filesystem gives the new file a new `st_ino`. The old inode
+//! lives on while the kernel references it, so open handles and their page
+//! cache keep the version they opened and never mix with the new one.
+//!
+//! Changes made through the mount move inodes instead: `rename` moves the
+//! `(parent, name)` mapping and updates the inode's location in place (the
+//! kernel keeps using the same number for the new name); a file whose
+//! backing changes representation without changing content (a staged file
+//! committed as a `.zstn`) keeps its number, with its [`Loc`] updated.
+//!
+//! An inode stores only its own backing name and its parent, never a full
+//! path, so renaming a directory is one update; `CheckpointFs` computes
+//! backing paths by walking the parents.
 //!
 //! Numbers are never reused within a mount. The kernel's lookup count is
 //! tracked per inode; when it drops to zero an inode that has been
 //! superseded is removed, and a current one just drops its parsed archive
 //! (the number stays, so `ls -i` is stable).
 //!
-//! Designed for the write issue: `rename`/`unlink` will move or remove the
-//! `(parent, name)` mapping here, without touching inode numbers.
-//!
-//! Lock order: `InodeTable::tables`, then an `Inode::state`.
+//! Lock order: `InodeTable::tables`, then an `Inode::loc`, then an
+//! `Inode::state`.
 
 use super::{ArchiveSlot, BlzSlot};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 pub const ROOT_INO: u64 = 1;
@@ -35,12 +42,17 @@ pub enum NodeKind {
     Archive,
     /// Anything else, passed through as it is.
     Plain,
+    /// A `.safetensors` written through the mount and not yet compressed:
+    /// a plain file in the spool (`id` names it there).
+    Staged {
+        id: u64,
+    },
     /// A `.blz` model archive presented as a read-only directory; its
     /// state holds the parsed archive.
     Blz,
     /// A directory inside a `.blz`. `root` is the inode of the `.blz`;
-    /// the path inside the archive is `backing` relative to the root's
-    /// `backing`, and `identity` is the `.blz` file's.
+    /// the backing name is the entry's name inside the archive, and
+    /// `identity` is the `.blz` file's.
     BlzDir {
         root: u64,
     },
@@ -58,20 +70,33 @@ impl NodeKind {
             NodeKind::Directory | NodeKind::Blz | NodeKind::BlzDir { .. }
         )
     }
+
+    /// Inside a `.blz` (read-only).
+    pub fn in_blz(self) -> bool {
+        matches!(self, NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. })
+    }
 }
 
 /// Identity of a backing file: (st_dev, st_ino).
 pub type Identity = (u64, u64);
 
+/// Where an inode is: its place in the presented tree and its backing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loc {
+    pub parent: u64,
+    /// Presented name.
+    pub name: OsString,
+    /// Name of the backing entry in the parent's backing directory (for
+    /// `Staged`, the presented name; the data lives in the spool).
+    pub backing: OsString,
+    pub kind: NodeKind,
+    pub identity: Identity,
+}
+
 #[derive(Debug)]
 pub struct Inode {
     pub ino: u64,
-    pub parent: u64,
-    pub name: OsString,
-    /// Path relative to STORE ("" for the root).
-    pub backing: PathBuf,
-    pub kind: NodeKind,
-    pub identity: Identity,
+    loc: RwLock<Loc>,
     state: Mutex<InodeState>,
 }
 
@@ -93,6 +118,34 @@ impl Inode {
     pub fn state(&self) -> MutexGuard<'_, InodeState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    pub fn loc(&self) -> Loc {
+        self.loc.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn kind(&self) -> NodeKind {
+        self.loc.read().unwrap_or_else(|p| p.into_inner()).kind
+    }
+
+    pub fn identity(&self) -> Identity {
+        self.loc.read().unwrap_or_else(|p| p.into_inner()).identity
+    }
+
+    pub fn parent(&self) -> u64 {
+        self.loc.read().unwrap_or_else(|p| p.into_inner()).parent
+    }
+
+    /// Changes the backing of this inode in place (same presented file).
+    pub fn rebase(&self, backing: OsString, kind: NodeKind, identity: Identity) {
+        let mut l = self.loc.write().unwrap_or_else(|p| p.into_inner());
+        l.backing = backing;
+        l.kind = kind;
+        l.identity = identity;
+        drop(l);
+        let mut st = self.state();
+        st.archive = None;
+        st.blz = None;
+    }
 }
 
 #[derive(Debug)]
@@ -111,11 +164,13 @@ impl InodeTable {
     pub fn new(root_identity: Identity) -> Self {
         let root = Arc::new(Inode {
             ino: ROOT_INO,
-            parent: ROOT_INO,
-            name: OsString::new(),
-            backing: PathBuf::new(),
-            kind: NodeKind::Directory,
-            identity: root_identity,
+            loc: RwLock::new(Loc {
+                parent: ROOT_INO,
+                name: OsString::new(),
+                backing: OsString::new(),
+                kind: NodeKind::Directory,
+                identity: root_identity,
+            }),
             state: Mutex::new(InodeState::default()),
         });
         InodeTable {
@@ -127,12 +182,24 @@ impl InodeTable {
         }
     }
 
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
+        self.tables.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Tables> {
+        self.tables.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
-        self.tables
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_ino
-            .get(&ino)
+        self.read().by_ino.get(&ino).cloned()
+    }
+
+    /// The current inode of `name` in `parent`, if one was assigned.
+    pub fn find(&self, parent: u64, name: &OsStr) -> Option<Arc<Inode>> {
+        let t = self.read();
+        t.by_name
+            .get(&(parent, name.to_os_string()))
+            .and_then(|i| t.by_ino.get(i))
             .cloned()
     }
 
@@ -142,45 +209,44 @@ impl InodeTable {
         &self,
         parent: u64,
         name: &OsStr,
-        backing: PathBuf,
+        backing: &OsStr,
         kind: NodeKind,
         identity: Identity,
     ) -> Arc<Inode> {
         let key = (parent, name.to_os_string());
+        let same = |i: &Inode| {
+            let l = i.loc.read().unwrap_or_else(|p| p.into_inner());
+            l.identity == identity && l.kind == kind && l.backing == backing && l.parent == parent
+        };
         {
-            let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
+            let t = self.read();
             if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
-                if i.identity == identity && i.kind == kind && i.backing == backing {
+                if same(i) {
                     return i.clone();
                 }
             }
         }
-        let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.write();
         if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
-            if i.identity == identity && i.kind == kind && i.backing == backing {
+            if same(i) {
                 return i.clone();
             }
         }
         // Superseded inodes nobody references any more can go now.
-        if let Some(old) = t
-            .by_name
-            .get(&key)
-            .and_then(|ino| t.by_ino.get(ino))
-            .cloned()
-        {
-            if old.state().lookups == 0 {
-                t.by_ino.remove(&old.ino);
-            }
+        if let Some(old) = t.by_name.remove(&key) {
+            t.drop_if_unreferenced(old);
         }
         let ino = t.next;
         t.next += 1;
         let inode = Arc::new(Inode {
             ino,
-            parent,
-            name: key.1.clone(),
-            backing,
-            kind,
-            identity,
+            loc: RwLock::new(Loc {
+                parent,
+                name: key.1.clone(),
+                backing: backing.to_os_string(),
+                kind,
+                identity,
+            }),
             state: Mutex::new(InodeState::default()),
         });
         t.by_ino.insert(ino, inode.clone());
@@ -188,12 +254,55 @@ impl InodeTable {
         inode
     }
 
+    /// `name` in `parent` no longer exists (unlinked): its inode, if any,
+    /// lives on while the kernel references it.
+    pub fn remove_name(&self, parent: u64, name: &OsStr) {
+        let mut t = self.write();
+        if let Some(old) = t.by_name.remove(&(parent, name.to_os_string())) {
+            t.drop_if_unreferenced(old);
+        }
+    }
+
+    /// Moves `ino` to `name` in `parent`, with backing name `backing`
+    /// (and, for a file that changed representation, a new kind and
+    /// identity). Whatever had that name is superseded.
+    pub fn rename(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: &OsStr,
+        backing: OsString,
+        kind: NodeKind,
+        identity: Identity,
+    ) {
+        let mut t = self.write();
+        let Some(inode) = t.by_ino.get(&ino).cloned() else {
+            return;
+        };
+        let old = inode.loc();
+        if t.by_name.get(&(old.parent, old.name.clone())) == Some(&ino) {
+            t.by_name.remove(&(old.parent, old.name.clone()));
+        }
+        let key = (parent, name.to_os_string());
+        if let Some(prev) = t.by_name.insert(key, ino) {
+            if prev != ino {
+                t.drop_if_unreferenced(prev);
+            }
+        }
+        let mut l = inode.loc.write().unwrap_or_else(|p| p.into_inner());
+        l.parent = parent;
+        l.name = name.to_os_string();
+        l.backing = backing;
+        l.kind = kind;
+        l.identity = identity;
+    }
+
     /// Drops `n` kernel references to `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
         if ino == ROOT_INO {
             return;
         }
-        let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.write();
         let Some(inode) = t.by_ino.get(&ino).cloned() else {
             return;
         };
@@ -205,18 +314,15 @@ impl InodeTable {
         st.archive = None;
         st.blz = None;
         drop(st);
-        let current = t.by_name.get(&(inode.parent, inode.name.clone())) == Some(&ino);
+        let l = inode.loc();
+        let current = t.by_name.get(&(l.parent, l.name)) == Some(&ino);
         if !current {
             t.by_ino.remove(&ino);
         }
     }
 
     pub fn len(&self) -> usize {
-        self.tables
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_ino
-            .len()
+        self.read().by_ino.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -224,6 +330,18 @@ impl InodeTable {
     }
 }
 
+impl Tables {
+    fn drop_if_unreferenced(&mut self, ino: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        if let Some(old) = self.by_ino.get(&ino) {
+            if old.state().lookups == 0 {
+                self.by_ino.remove(&ino);
+            }
+        }
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,14 +352,14 @@ mod tests {
         let a = t.assign(
             ROOT_INO,
             OsStr::new("m.safetensors"),
-            "m.zstn".into(),
+            OsStr::new("m.zstn"),
             NodeKind::Archive,
             (1, 10),
         );
         let b = t.assign(
             ROOT_INO,
             OsStr::new("m.safetensors"),
-            "m.zstn".into(),
+            OsStr::new("m.zstn"),
             NodeKind::Archive,
             (1, 10),
         );
@@ -250,7 +368,7 @@ mod tests {
         let c = t.assign(
             ROOT_INO,
             OsStr::new("m.safetensors"),
-            "m.zstn".into(),
+            OsStr::new("m.zstn"),
             NodeKind::Archive,
             (1, 11),
         );

@@ -47,14 +47,18 @@ pub mod error;
 pub mod inode;
 pub mod namespace;
 pub mod prefetch;
+pub mod spool;
+mod write;
 
 pub use error::{FsError, Result};
 pub use inode::{NodeKind, ROOT_INO};
+pub use write::{Caller, SetAttr, SetTime};
 
 use crate::archive::{Archive, ArchiveError, BlockKey, Piece, PieceSource};
 use crate::blz::BlzArchive;
 use crate::cache::{BlockCache, CacheKey, CacheStats, FetchError};
-use inode::{Inode, InodeTable};
+use inode::{Identity, Inode, InodeTable};
+use spool::Spool;
 use prefetch::{Policy, Sequential};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -82,6 +86,8 @@ pub struct FsConfig {
     pub cache_bytes: u64,
     /// How long the kernel may cache entries and attributes.
     pub ttl: Duration,
+    /// Refuse every change (EROFS); nothing in STORE is touched.
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,9 +146,15 @@ pub enum Opened {
     /// Served from the block cache; `keep_cache` when the kernel's page
     /// cache holds this same archive version from a previous open.
     Archive { fh: u64, keep_cache: bool },
-    /// A plain file; the adapter may pass `file` to the kernel
-    /// (passthrough) or let reads come here.
-    Plain { fh: u64, file: Arc<File> },
+    /// A plain file; when `passthrough`, the adapter may pass `file` to
+    /// the kernel, else reads and writes come here. Staged files are never
+    /// passed through: their inode becomes an archive when compressed, and
+    /// the kernel refuses cached opens of an inode with passthrough opens.
+    Plain {
+        fh: u64,
+        file: Arc<File>,
+        passthrough: bool,
+    },
 }
 
 /// Receives directory entries; returns true when its buffer is full.
@@ -262,9 +274,18 @@ struct DirItem {
     name: OsString,
 }
 
+/// An open plain or staged file.
+struct PlainHandle {
+    file: Arc<File>,
+    ino: u64,
+    /// Opened for writing: counted in `CheckpointFs::writers` under this
+    /// identity until released.
+    writer: Option<Identity>,
+}
+
 enum Handle {
     Archive(ArchiveHandle),
-    Plain(Arc<File>),
+    Plain(PlainHandle),
     Dir(Vec<DirItem>),
 }
 
@@ -278,6 +299,17 @@ pub struct CheckpointFs {
     ttl: Duration,
     /// Backing paths already warned about (shadowed archives).
     warned: Mutex<HashSet<PathBuf>>,
+    read_only: bool,
+    /// Staged `.safetensors` files (None when read-only).
+    spool: Option<Spool>,
+    /// Serialises changes of the namespace (create, rename, unlink, commit
+    /// of a compressed file). Reads and lookups do not take it.
+    ns: Mutex<()>,
+    /// Open handles with write access, per backing identity.
+    writers: Mutex<HashMap<Identity, usize>>,
+    /// Staged files waiting to be compressed.
+    queue: Mutex<std::collections::VecDeque<u64>>,
+    queue_cv: std::sync::Condvar,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -332,7 +364,13 @@ impl CheckpointFs {
                 format!("{}: not a directory", store.display()),
             ));
         }
-        Ok(CheckpointFs {
+        let (spool, recovered) = if cfg.read_only {
+            (None, Vec::new())
+        } else {
+            let (s, r) = Spool::open(&store)?;
+            (Some(s), r)
+        };
+        let fs = CheckpointFs {
             inodes: InodeTable::new((m.dev(), m.ino())),
             store,
             handles: RwLock::new(HashMap::new()),
@@ -341,7 +379,22 @@ impl CheckpointFs {
             policy: Policy::for_cache(cfg.cache_bytes),
             ttl: cfg.ttl,
             warned: Mutex::new(HashSet::new()),
-        })
+            read_only: cfg.read_only,
+            spool,
+            ns: Mutex::new(()),
+            writers: Mutex::new(HashMap::new()),
+            queue: Mutex::new(Default::default()),
+            queue_cv: Default::default(),
+        };
+        for r in recovered {
+            log::info!(
+                "recovering staged {} (spool entry {:016x}); it will be compressed",
+                r.target.display(),
+                r.id
+            );
+            fs.schedule(r.id);
+        }
+        Ok(fs)
     }
 
     pub fn store(&self) -> &Path {
@@ -352,8 +405,33 @@ impl CheckpointFs {
         self.cache.stats()
     }
 
-    fn full(&self, inode: &Inode) -> PathBuf {
-        self.store.join(&inode.backing)
+    /// The backing path of `inode` relative to STORE, found by walking its
+    /// parents (inodes store only their own name). For an entry inside a
+    /// `.blz`, the path of the `.blz` joined with the path inside it.
+    fn rel(&self, inode: &Inode) -> Result<PathBuf> {
+        let l = inode.loc();
+        if let NodeKind::Staged { id } = l.kind {
+            return Ok(Spool::data_rel(id));
+        }
+        if inode.ino == ROOT_INO {
+            return Ok(PathBuf::new());
+        }
+        let mut names = vec![l.backing];
+        let mut p = l.parent;
+        while p != ROOT_INO {
+            let i = self.inode(p)?;
+            let pl = i.loc();
+            names.push(pl.backing);
+            p = pl.parent;
+            if names.len() > 4096 {
+                return Err(FsError::Stale);
+            }
+        }
+        Ok(names.iter().rev().collect())
+    }
+
+    fn full(&self, inode: &Inode) -> Result<PathBuf> {
+        Ok(self.store.join(self.rel(inode)?))
     }
 
     fn inode(&self, ino: u64) -> Result<Arc<Inode>> {
@@ -364,7 +442,7 @@ impl CheckpointFs {
 
     fn dir_inode(&self, ino: u64) -> Result<Arc<Inode>> {
         let i = self.inode(ino)?;
-        if i.kind.is_dir() {
+        if i.kind().is_dir() {
             Ok(i)
         } else {
             Err(FsError::NotADirectory)
@@ -374,29 +452,34 @@ impl CheckpointFs {
     /// The `.blz` inode behind a `Blz`/`BlzDir`/`BlzFile` inode, and the
     /// inode's path inside the archive ("" for the archive's root).
     fn blz_root(&self, inode: &Arc<Inode>) -> Result<(Arc<Inode>, String)> {
-        let root = match inode.kind {
+        let root = match inode.kind() {
             NodeKind::Blz => return Ok((inode.clone(), String::new())),
             NodeKind::BlzDir { root } | NodeKind::BlzFile { root } => self.inode(root)?,
-            NodeKind::Directory | NodeKind::Archive | NodeKind::Plain => {
-                return Err(FsError::NotFound)
-            }
+            NodeKind::Directory
+            | NodeKind::Archive
+            | NodeKind::Plain
+            | NodeKind::Staged { .. } => return Err(FsError::NotFound),
         };
-        let inner = inode
-            .backing
-            .strip_prefix(&root.backing)
-            .map_err(|_| FsError::Stale)?
-            .to_str()
-            .ok_or(FsError::NotFound)?
-            .to_string();
-        Ok((root, inner))
+        let mut names = Vec::new();
+        let mut cur = inode.clone();
+        while cur.ino != root.ino {
+            let l = cur.loc();
+            names.push(l.backing.to_str().ok_or(FsError::NotFound)?.to_string());
+            cur = self.inode(l.parent)?;
+            if names.len() > 4096 {
+                return Err(FsError::Stale);
+            }
+        }
+        names.reverse();
+        Ok((root, names.join("/")))
     }
 
     /// The parsed `.blz` of `root`'s current backing version (parsed on
     /// first sight of that version) and the backing file's metadata.
     fn blz_slot(&self, root: &Inode) -> Result<(BlzSlot, Metadata)> {
-        let path = self.full(root);
+        let path = self.full(root)?;
         let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
-        if (m.dev(), m.ino()) != root.identity {
+        if (m.dev(), m.ino()) != root.identity() {
             return Err(FsError::Stale);
         }
         let mut st = root.state();
@@ -407,7 +490,7 @@ impl CheckpointFs {
         }
         let file = File::open(&path).map_err(not_found_is)?;
         let fm = file.metadata()?;
-        if (fm.dev(), fm.ino()) != root.identity {
+        if (fm.dev(), fm.ino()) != root.identity() {
             return Err(FsError::Stale);
         }
         let archive = match BlzArchive::from_file(&file, &path) {
@@ -436,7 +519,7 @@ impl CheckpointFs {
             Ok(a) => Ok((a, slot.generation, m)),
             Err(reason) => {
                 let e = FsError::BadArchive {
-                    path: self.full(root),
+                    path: self.full(root)?,
                     reason,
                 };
                 log::error!("{e}");
@@ -468,7 +551,7 @@ impl CheckpointFs {
     /// metadata `m`.
     fn blz_attr(&self, inode: &Arc<Inode>) -> Result<Attr> {
         let (root, inner) = self.blz_root(inode)?;
-        let attr = match inode.kind {
+        let attr = match inode.kind() {
             NodeKind::BlzFile { .. } => {
                 let (a, _, m) = self.blz_archive(&root)?;
                 let i = a.find(&inner).ok_or(FsError::Stale)?;
@@ -505,7 +588,7 @@ impl CheckpointFs {
         };
         let inode = self
             .inodes
-            .assign(p.ino, name, p.backing.join(name), kind, root.identity);
+            .assign(p.ino, name, name, kind, root.identity());
         let attr = match attr_of {
             Some(size) => Self::blz_entry_attr(inode.ino, &m, false, size),
             None => Self::blz_entry_attr(inode.ino, &m, true, 4096),
@@ -543,7 +626,7 @@ impl CheckpointFs {
             .chain(dirs.iter().filter_map(|p| child(p).map(|n| (n, true))))
             .collect();
         kids.sort();
-        let mut items = dot_entries(d.ino, d.parent);
+        let mut items = dot_entries(d.ino, d.parent());
         for (name, dir) in kids {
             let (kind, fk) = if dir {
                 (NodeKind::BlzDir { root: root.ino }, FileKind::Directory)
@@ -553,9 +636,9 @@ impl CheckpointFs {
             let inode = self.inodes.assign(
                 d.ino,
                 OsStr::new(&name),
-                d.backing.join(&name),
+                OsStr::new(&name),
                 kind,
-                root.identity,
+                root.identity(),
             );
             items.push(DirItem {
                 ino: inode.ino,
@@ -582,6 +665,26 @@ impl CheckpointFs {
                 dir.join(shown).display()
             )
         });
+    }
+
+    /// Which backing entry presents `name` in directory inode `p`: a
+    /// staged file first, then STORE (see [`Self::resolve_name`]).
+    fn resolve(&self, p: &Inode, name: &OsStr) -> Result<(OsString, NodeKind, Metadata)> {
+        let rel = self.rel(p)?;
+        if rel.as_os_str().is_empty() && name == spool::SPOOL_DIR {
+            return Err(FsError::NotFound);
+        }
+        if let Some(s) = &self.spool {
+            if let Some((id, _)) = s.find(&rel.join(name)) {
+                match std::fs::symlink_metadata(s.data_path(id)) {
+                    Ok(m) => return Ok((name.to_os_string(), NodeKind::Staged { id }, m)),
+                    // Committed or removed just now: STORE has it.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(FsError::Io(e)),
+                }
+            }
+        }
+        self.resolve_name(&self.store.join(rel), name)
     }
 
     /// Which backing entry presents `name` in directory `dir`.
@@ -637,10 +740,10 @@ impl CheckpointFs {
                 return Ok(s.clone());
             }
         }
-        let path = self.full(inode);
+        let path = self.full(inode)?;
         let file = File::open(&path).map_err(not_found_is)?;
         let fm = file.metadata()?;
-        if (fm.dev(), fm.ino()) != inode.identity {
+        if (fm.dev(), fm.ino()) != inode.identity() {
             return Err(FsError::Stale);
         }
         let archive = match Archive::from_file(&file, &path) {
@@ -667,18 +770,21 @@ impl CheckpointFs {
     }
 
     fn attr_of(&self, inode: &Inode, meta: &Metadata) -> Result<Attr> {
-        let size = match inode.kind {
+        let kind = inode.kind();
+        let size = match kind {
             NodeKind::Archive => match &self.archive_slot(inode, meta)?.archive {
                 Ok(a) => a.logical_len(),
                 Err(_) => meta.len(),
             },
-            NodeKind::Directory | NodeKind::Plain | NodeKind::Blz => meta.len(),
+            NodeKind::Directory | NodeKind::Plain | NodeKind::Blz | NodeKind::Staged { .. } => {
+                meta.len()
+            }
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
                 return Err(FsError::Stale);
             }
         };
         let mut attr = attr_from_meta(inode.ino, meta, size);
-        if inode.kind == NodeKind::Blz {
+        if kind == NodeKind::Blz {
             // Listed even when it cannot be parsed; nothing is parsed here.
             attr.kind = FileKind::Directory;
             let r = attr.perm & 0o444;
@@ -691,18 +797,16 @@ impl CheckpointFs {
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
         let p = self.dir_inode(parent)?;
-        if matches!(p.kind, NodeKind::Blz | NodeKind::BlzDir { .. }) {
+        if matches!(p.kind(), NodeKind::Blz | NodeKind::BlzDir { .. }) {
             return self.lookup_blz(&p, name);
         }
-        let dir = self.full(&p);
-        let (backing, kind, meta) = self.resolve_name(&dir, name)?;
-        let inode = self.inodes.assign(
-            parent,
-            name,
-            p.backing.join(&backing),
-            kind,
-            (meta.dev(), meta.ino()),
-        );
+        let (backing, kind, meta) = self.resolve(&p, name)?;
+        let inode = self
+            .inodes
+            .assign(parent, name, &backing, kind, (meta.dev(), meta.ino()));
+        if let (NodeKind::Staged { id }, Some(s)) = (kind, &self.spool) {
+            s.set_ino(id, inode.ino);
+        }
         let attr = self.attr_of(&inode, &meta)?;
         inode.state().lookups += 1;
         Ok(Entry {
@@ -716,11 +820,24 @@ impl CheckpointFs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.getattr_fh(ino, None)
+    }
+
+    /// `getattr`, through the open handle `fh` when one is given (so an
+    /// unlinked but open file still reports its size).
+    pub fn getattr_fh(&self, ino: u64, fh: Option<u64>) -> Result<Attr> {
         let inode = self.inode(ino)?;
-        if matches!(
-            inode.kind,
-            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
-        ) {
+        if let Some(Ok(h)) = fh.map(|f| self.handle(f)) {
+            if let Handle::Plain(p) = &*h {
+                if p.ino == ino {
+                    let m = p.file.metadata()?;
+                    let attr = attr_from_meta(ino, &m, m.len());
+                    inode.state().attr = Some(attr);
+                    return Ok(attr);
+                }
+            }
+        }
+        if inode.kind().in_blz() {
             return match self.blz_attr(&inode) {
                 // The `.blz` was replaced or removed, or no longer has
                 // this entry: answer what it last was.
@@ -728,8 +845,8 @@ impl CheckpointFs {
                 r => r,
             };
         }
-        match std::fs::symlink_metadata(self.full(&inode)) {
-            Ok(m) if (m.dev(), m.ino()) == inode.identity => self.attr_of(&inode, &m),
+        match std::fs::symlink_metadata(self.full(&inode)?) {
+            Ok(m) if (m.dev(), m.ino()) == inode.identity() => self.attr_of(&inode, &m),
             // The path was replaced or removed: this inode is the old file;
             // answer what it last was (as a local fs does for an unlinked
             // but referenced inode).
@@ -748,12 +865,12 @@ impl CheckpointFs {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let inode = self.inode(ino)?;
         if matches!(
-            inode.kind,
+            inode.kind(),
             NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
         ) {
             return Err(FsError::Io(io::Error::from_raw_os_error(libc::EINVAL)));
         }
-        Ok(std::fs::read_link(self.full(&inode))
+        Ok(std::fs::read_link(self.full(&inode)?)
             .map_err(not_found_is)?
             .into_os_string()
             .into_encoded_bytes())
@@ -777,14 +894,37 @@ impl CheckpointFs {
             .ok_or(FsError::BadHandle(fh))
     }
 
-    /// Opens a file for reading. `flags` are the open(2) flags.
+    /// Registers an open plain (or staged) file. A `writer` must already
+    /// be counted in `writers`; `release` uncounts it.
+    fn plain_handle(
+        &self,
+        ino: u64,
+        file: File,
+        writer: Option<Identity>,
+        passthrough: bool,
+    ) -> Opened {
+        let file = Arc::new(file);
+        let fh = self.insert_handle(Handle::Plain(PlainHandle {
+            file: file.clone(),
+            ino,
+            writer,
+        }));
+        Opened::Plain {
+            fh,
+            file,
+            passthrough,
+        }
+    }
+
+    /// Opens a file. `flags` are the open(2) flags; opening for writing
+    /// (or with `O_TRUNC`) goes to [`Self::open_write`].
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
-            return Err(FsError::ReadOnly);
+            return self.open_write(ino, flags);
         }
         let inode = self.inode(ino)?;
-        let path = self.full(&inode);
-        match inode.kind {
+        let path = self.full(&inode)?;
+        match inode.kind() {
             NodeKind::Directory | NodeKind::Blz | NodeKind::BlzDir { .. } => {
                 Err(FsError::IsADirectory)
             }
@@ -805,19 +945,18 @@ impl CheckpointFs {
                 }));
                 Ok(Opened::Archive { fh, keep_cache })
             }
-            NodeKind::Plain => {
+            NodeKind::Plain | NodeKind::Staged { .. } => {
                 let file = File::open(&path).map_err(not_found_is)?;
                 let m = file.metadata()?;
-                if (m.dev(), m.ino()) != inode.identity {
+                if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                let file = Arc::new(file);
-                let fh = self.insert_handle(Handle::Plain(file.clone()));
-                Ok(Opened::Plain { fh, file })
+                let passthrough = matches!(inode.kind(), NodeKind::Plain);
+                Ok(self.plain_handle(ino, file, None, passthrough))
             }
             NodeKind::Archive => {
                 let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
-                if (m.dev(), m.ino()) != inode.identity {
+                if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
                 let slot = self.archive_slot(&inode, &m)?;
@@ -849,7 +988,7 @@ impl CheckpointFs {
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
         match &*h {
-            Handle::Plain(file) => {
+            Handle::Plain(PlainHandle { file, .. }) => {
                 let mut buf = vec![0u8; size as usize];
                 let mut n = 0;
                 while n < buf.len() {
@@ -956,24 +1095,43 @@ impl CheckpointFs {
         }
     }
 
+    /// Closes a handle. The last writer of a staged file queues it for
+    /// compression (the close does not wait for it).
     pub fn release(&self, fh: u64) {
-        self.handles
+        let h = self
+            .handles
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&fh);
+        if let Some(h) = h {
+            if let Handle::Plain(PlainHandle {
+                writer: Some(id), ..
+            }) = &*h
+            {
+                self.writer_closed(*id);
+            }
+        }
     }
 
     /// Reads the directory from STORE now; `readdir` serves this snapshot.
     pub fn opendir(&self, ino: u64) -> Result<u64> {
         let d = self.dir_inode(ino)?;
-        if matches!(d.kind, NodeKind::Blz | NodeKind::BlzDir { .. }) {
+        if matches!(d.kind(), NodeKind::Blz | NodeKind::BlzDir { .. }) {
             return self.opendir_blz(&d);
         }
-        let dir = self.full(&d);
+        let rel = self.rel(&d)?;
+        let dir = self.store.join(&rel);
         let mut raw = Vec::new();
         let mut kinds = HashMap::new();
+        let staged: HashMap<OsString, u64> = match &self.spool {
+            Some(s) => s.names_in(&rel).into_iter().map(|(i, n)| (n, i)).collect(),
+            None => HashMap::new(),
+        };
         for e in std::fs::read_dir(&dir).map_err(not_found_is)? {
             let e = e?;
+            if rel.as_os_str().is_empty() && e.file_name() == spool::SPOOL_DIR {
+                continue;
+            }
             let ft = e.file_type()?;
             kinds.insert(e.file_name(), (ft, e.ino()));
             raw.push((e.file_name(), ft.is_file()));
@@ -982,8 +1140,31 @@ impl CheckpointFs {
         for s in shadowed {
             self.warn_shadowed(&dir, &s.hidden, &s.shown);
         }
-        let mut items = dot_entries(d.ino, d.parent);
+        let mut items = dot_entries(d.ino, d.parent());
+        let dev = d.identity().0;
+        for (name, id) in &staged {
+            let Some(s) = &self.spool else { break };
+            let Ok(m) = std::fs::symlink_metadata(s.data_path(*id)) else {
+                continue;
+            };
+            let inode = self.inodes.assign(
+                d.ino,
+                name,
+                name,
+                NodeKind::Staged { id: *id },
+                (m.dev(), m.ino()),
+            );
+            s.set_ino(*id, inode.ino);
+            items.push(DirItem {
+                ino: inode.ino,
+                kind: FileKind::RegularFile,
+                name: name.clone(),
+            });
+        }
         for r in resolved {
+            if staged.contains_key(&r.presented) {
+                continue;
+            }
             let (ft, bino) = kinds[&r.backing];
             let (kind, fk) = if r.archive && namespace::is_blz_name(&r.backing) {
                 (NodeKind::Blz, FileKind::Directory)
@@ -1008,13 +1189,9 @@ impl CheckpointFs {
                 };
                 (NodeKind::Plain, fk)
             };
-            let inode = self.inodes.assign(
-                d.ino,
-                &r.presented,
-                d.backing.join(&r.backing),
-                kind,
-                (d.identity.0, bino),
-            );
+            let inode = self
+                .inodes
+                .assign(d.ino, &r.presented, &r.backing, kind, (dev, bino));
             items.push(DirItem {
                 ino: inode.ino,
                 kind: fk,
@@ -1044,16 +1221,17 @@ impl CheckpointFs {
     /// The `user.ckptfs.*` attributes of an inode, as (name, value).
     fn xattrs(&self, ino: u64) -> Result<Vec<(&'static str, String)>> {
         let inode = self.inode(ino)?;
-        match inode.kind {
+        match inode.kind() {
             NodeKind::Directory
             | NodeKind::Plain
+            | NodeKind::Staged { .. }
             | NodeKind::Blz
             | NodeKind::BlzDir { .. }
             | NodeKind::BlzFile { .. } => return Ok(Vec::new()),
             NodeKind::Archive => {}
         }
-        let m = std::fs::symlink_metadata(self.full(&inode)).map_err(not_found_is)?;
-        if (m.dev(), m.ino()) != inode.identity {
+        let m = std::fs::symlink_metadata(self.full(&inode)?).map_err(not_found_is)?;
+        if (m.dev(), m.ino()) != inode.identity() {
             return Err(FsError::Stale);
         }
         let slot = self.archive_slot(&inode, &m)?;
@@ -1104,6 +1282,16 @@ impl CheckpointFs {
         Ok(out)
     }
 
+    /// `fsync` of a directory: its backing directory.
+    pub fn fsyncdir(&self, ino: u64) -> Result<()> {
+        let d = self.dir_inode(ino)?;
+        if matches!(d.kind(), NodeKind::Blz | NodeKind::BlzDir { .. }) {
+            return Ok(());
+        }
+        crate::fsutil::sync_dir(&self.full(&d)?)?;
+        Ok(())
+    }
+
     /// Statistics of the filesystem holding STORE.
     pub fn statfs(&self) -> Result<StatFs> {
         let c = std::ffi::CString::new(self.store.as_os_str().as_bytes())
@@ -1146,3 +1334,5 @@ fn dot_entries(ino: u64, parent: u64) -> Vec<DirItem> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

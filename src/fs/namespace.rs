@@ -53,6 +53,22 @@ pub fn is_archive_name(name: &OsStr) -> bool {
     presented_name(name).is_some()
 }
 
+/// True when a regular file `name` written through the mount is staged and
+/// compressed: `X.safetensors` with `X` not empty.
+pub fn is_staging_name(name: &OsStr) -> bool {
+    name.as_bytes()
+        .strip_suffix(PRESENTED_SUFFIX)
+        .is_some_and(|stem| !stem.is_empty())
+}
+
+/// The archive name a staged `X.safetensors` is committed as: `X.zstn`.
+pub fn zstn_name_for(name: &OsStr) -> OsString {
+    let stem = name.as_bytes().strip_suffix(PRESENTED_SUFFIX).unwrap_or(name.as_bytes());
+    let mut out = stem.to_vec();
+    out.extend_from_slice(ARCHIVE_SUFFIX);
+    OsString::from_vec(out)
+}
+
 /// Backing archive names that could present as `name`, best first.
 pub fn archive_candidates(name: &OsStr) -> Vec<OsString> {
     let mut out = Vec::new();

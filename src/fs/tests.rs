@@ -46,6 +46,17 @@ fn fs_over(store: &Path, cache: u64) -> CheckpointFs {
         store: store.to_path_buf(),
         cache_bytes: cache,
         ttl: Duration::from_secs(1),
+        read_only: false,
+    })
+    .unwrap()
+}
+
+fn fs_read_only(store: &Path) -> CheckpointFs {
+    CheckpointFs::new(FsConfig {
+        store: store.to_path_buf(),
+        cache_bytes: 1 << 20,
+        ttl: Duration::from_secs(1),
+        read_only: true,
     })
     .unwrap()
 }
@@ -193,9 +204,25 @@ fn random_ranges_match_and_a_second_pass_hits_the_cache() {
 }
 
 #[test]
-fn writes_are_refused() {
+fn read_only_mount_refuses_writes_and_leaves_store_untouched() {
     let d = store();
-    let fs = fs_over(d.path(), 1 << 20);
+    let before: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+    let fs = fs_read_only(d.path());
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), before.len());
+    assert!(matches!(
+        fs.create(
+            ROOT_INO,
+            OsStr::new("x.safetensors"),
+            0o644,
+            libc::O_WRONLY,
+            Caller { uid: 0, gid: 0 }
+        ),
+        Err(FsError::ReadOnly)
+    ));
+    assert!(matches!(
+        fs.unlink(ROOT_INO, OsStr::new("config.json")),
+        Err(FsError::ReadOnly)
+    ));
     let e = fs.lookup(ROOT_INO, OsStr::new("tiny.safetensors")).unwrap();
     assert!(matches!(
         fs.open(e.attr.ino, libc::O_RDWR),
