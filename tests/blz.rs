@@ -456,6 +456,150 @@ fn corrupt_sidecar_fails_only_its_reads() {
     verify_fails(&p, "header checksum mismatch");
 }
 
+/// Flips the case of one letter inside the stored content of embedded
+/// file `path` (its `text` or `base64` JSON string, found from the parsed
+/// header; never part of an escape): the header stays valid JSON and only
+/// that file's entry changes.
+fn damage_embedded(b: &mut [u8], path: &str) {
+    let p = blz::parse(b).unwrap();
+    let f = p.header.files.iter().find(|f| f.path == path).unwrap();
+    let (member, value) = match (&f.text, &f.base64) {
+        (Some(t), _) => ("text", t),
+        (None, Some(x)) => ("base64", x),
+        _ => panic!("{path} is not embedded"),
+    };
+    let needle = format!("\"{member}\":{}", serde_json::to_string(value).unwrap());
+    let json = p.header_json.start as usize..p.header_json.end as usize;
+    let hits: Vec<usize> = b[json.clone()]
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle.as_bytes())
+        .map(|(i, _)| json.start + i)
+        .collect();
+    assert_eq!(hits.len(), 1, "{needle}");
+    let r = hits[0] + member.len() + 4..hits[0] + needle.len() - 1;
+    let mid = (r.start + r.end) / 2;
+    let at = (mid..r.end)
+        .chain(r.start..mid)
+        .find(|&i| b[i].is_ascii_alphabetic() && b[i - 1] != b'\\')
+        .unwrap();
+    b[at] ^= 0x20;
+    let q = blz::parse(b).expect("still a valid archive");
+    let changed: Vec<&str> = p
+        .header
+        .files
+        .iter()
+        .zip(&q.header.files)
+        .filter(|(x, y)| x != y)
+        .map(|(x, _)| x.path.as_str())
+        .collect();
+    assert_eq!(changed, [path]);
+}
+
+#[test]
+fn corrupt_binary_sidecar_fails_only_its_reads() {
+    let f = packed(false);
+    let p = corrupt(&f, |_, b| damage_embedded(b, "tokenizer.model"));
+    verify_fails(&p, "tokenizer.model: checksum mismatch");
+    let ar = BlzArchive::open(&p).unwrap();
+    let e = read_file(&ar, "tokenizer.model").unwrap_err();
+    assert!(
+        e.contains("tokenizer.model") && e.contains("checksum"),
+        "{e}"
+    );
+    // The size is still known; every other file reads back intact.
+    let src = tree(&f.src);
+    let i = ar.find("tokenizer.model").unwrap();
+    assert_eq!(ar.logical_len(i), src["tokenizer.model"].len() as u64);
+    for (path, want) in &src {
+        if path != "tokenizer.model" {
+            assert_eq!(&read_file(&ar, path).unwrap(), want, "{path}");
+        }
+    }
+    // unpack refuses rather than writing wrong bytes.
+    let out = ckptfs(&["unpack", s(&p), "-o", s(&f.root.join("u"))]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer.model"));
+}
+
+#[test]
+fn corrupt_header_json_fails_verify_in_one_line() {
+    let f = packed(false);
+    let bytes = fs::read(&f.blz).unwrap();
+    let json = blz::parse(&bytes).unwrap().header_json;
+    let (lo, hi) = (json.start as usize, json.end as usize);
+    let key =
+        |k: &[u8]| lo + bytes[lo..hi].windows(k.len()).position(|w| w == k).unwrap() + k.len() - 1;
+    // Each breaks the JSON structure: refused at open, by name, one line.
+    let cases = [
+        ("opening brace", lo, 0x20),
+        ("files array", key(b"\"files\":["), 0x20),
+        ("blobs array", key(b"\"blobs\":["), 0x20),
+        ("a colon", key(b"\"data_length\":"), 0x01),
+        ("closing brace", hi - 1, 0x20),
+        // header_len in the prelude: the JSON ends one byte off.
+        ("header length", 12, 0x01),
+    ];
+    for (what, at, mask) in cases {
+        let p = corrupt(&f, |_, b| b[at] ^= mask);
+        let e = BlzArchive::open(&p).unwrap_err().to_string();
+        assert!(e.contains("not valid .blz JSON"), "{what}: {e}");
+        verify_fails(&p, "not valid .blz JSON");
+        let out = ckptfs(&["verify", s(&p)]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(s(&p)), "{what}: {text}");
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+            "{what}"
+        );
+    }
+}
+
+/// One bit flipped at sampled positions all over the header JSON: `verify`
+/// always fails, and the reader either refuses the archive or answers every
+/// read of a file it still lists under its original path with an error or
+/// the original bytes. (This directory has no two blobs of equal length, so
+/// a damaged blob reference is caught by the length checks at open; see
+/// tests/mount_blz.rs for the case where it is not.)
+#[test]
+fn header_flips_never_yield_wrong_bytes() {
+    let f = packed(false);
+    let bytes = fs::read(&f.blz).unwrap();
+    let src = tree(&f.src);
+    let json = blz::parse(&bytes).unwrap().header_json;
+    let (lo, hi) = (json.start as usize, json.end as usize);
+    let step = ((hi - lo) / 250).max(1);
+    let (mut refused, mut opened, mut failed_reads) = (0, 0, 0);
+    for at in (lo..hi).step_by(step).chain([hi - 3]) {
+        let mut b = bytes.clone();
+        b[at] ^= 0x01;
+        let Ok(ar) = BlzArchive::from_bytes(b, Path::new("flipped.blz")) else {
+            refused += 1;
+            continue;
+        };
+        opened += 1;
+        assert!(ar.verify(&|_| {}).is_err(), "flip at {at} passes verify");
+        for (i, fe) in ar.files().iter().enumerate() {
+            let Some(want) = src.get(&fe.path) else {
+                continue;
+            };
+            let mut buf = vec![0u8; ar.logical_len(i) as usize];
+            match ar.read_at(i, 0, &mut buf) {
+                Ok(n) => assert!(
+                    buf[..n] == want[..],
+                    "flip at {at}: {} reads back other bytes",
+                    fe.path
+                ),
+                Err(_) => failed_reads += 1,
+            }
+        }
+    }
+    assert!(
+        refused > 10 && opened > 10 && failed_reads > 10,
+        "{refused} refused, {opened} opened, {failed_reads} failed reads"
+    );
+}
+
 #[test]
 fn corrupt_shard_header_fails_only_that_shard() {
     let f = packed(false);
