@@ -33,9 +33,9 @@ use fuser::{
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::time::SystemTime;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
 
 #[derive(Default)]
 struct BackingIds {
@@ -252,8 +252,7 @@ impl Filesystem for CheckpointFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
             Ok(o) => {
-                let (fh, f, backing) =
-                    self.open_reply(ino.0, o, |file| reply.open_backing(file));
+                let (fh, f, backing) = self.open_reply(ino.0, o, |file| reply.open_backing(file));
                 match backing {
                     Some(id) => reply.opened_passthrough(FileHandle(fh), f, &id),
                     None => reply.opened(FileHandle(fh), f),
@@ -312,7 +311,14 @@ impl Filesystem for CheckpointFuse {
         }
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -397,7 +403,10 @@ impl Filesystem for CheckpointFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply_entry(reply, self.fs.mknod(parent.0, name, mode, rdev, caller(req)));
+        reply_entry(
+            reply,
+            self.fs.mknod(parent.0, name, mode, rdev, caller(req)),
+        );
     }
 
     fn mkdir(

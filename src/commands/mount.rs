@@ -364,12 +364,8 @@ fn foreground(
     config.n_threads = Some(n_threads);
     config.clone_fd = true;
     let signals = signal_pipe()?;
-    let mut session = Session::new(
-        CheckpointFuse::new(fs.clone()),
-        &mountpoint,
-        &config,
-    )
-    .map_err(|e| format!("{}: cannot mount: {e}", mountpoint.display()))?;
+    let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
+        .map_err(|e| format!("{}: cannot mount: {e}", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
     let mp = mountpoint.clone();
     std::thread::spawn(move || raise_read_ahead(&mp, 16 << 10));
@@ -404,7 +400,10 @@ fn foreground(
     // Files closed just before the unmount: compress them now rather than
     // at the next mount (they are durable in the spool either way).
     if fs.staged_count() > 0 {
-        log::info!("compressing {} staged file(s) before exiting", fs.staged_count());
+        log::info!(
+            "compressing {} staged file(s) before exiting",
+            fs.staged_count()
+        );
         fs.requeue_all();
         fs.run_writeback();
     }

@@ -58,8 +58,8 @@ use crate::archive::{Archive, ArchiveError, BlockKey, Piece, PieceSource};
 use crate::blz::BlzArchive;
 use crate::cache::{BlockCache, CacheKey, CacheStats, FetchError};
 use inode::{Identity, Inode, InodeTable};
-use spool::Spool;
 use prefetch::{Policy, Sequential};
+use spool::Spool;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -455,10 +455,9 @@ impl CheckpointFs {
         let root = match inode.kind() {
             NodeKind::Blz => return Ok((inode.clone(), String::new())),
             NodeKind::BlzDir { root } | NodeKind::BlzFile { root } => self.inode(root)?,
-            NodeKind::Directory
-            | NodeKind::Archive
-            | NodeKind::Plain
-            | NodeKind::Staged { .. } => return Err(FsError::NotFound),
+            NodeKind::Directory | NodeKind::Archive | NodeKind::Plain | NodeKind::Staged { .. } => {
+                return Err(FsError::NotFound)
+            }
         };
         let mut names = Vec::new();
         let mut cur = inode.clone();
@@ -586,9 +585,7 @@ impl CheckpointFs {
         } else {
             return Err(FsError::NotFound);
         };
-        let inode = self
-            .inodes
-            .assign(p.ino, name, name, kind, root.identity());
+        let inode = self.inodes.assign(p.ino, name, name, kind, root.identity());
         let attr = match attr_of {
             Some(size) => Self::blz_entry_attr(inode.ino, &m, false, size),
             None => Self::blz_entry_attr(inode.ino, &m, true, 4096),

@@ -63,7 +63,10 @@ pub fn is_staging_name(name: &OsStr) -> bool {
 
 /// The archive name a staged `X.safetensors` is committed as: `X.zstn`.
 pub fn zstn_name_for(name: &OsStr) -> OsString {
-    let stem = name.as_bytes().strip_suffix(PRESENTED_SUFFIX).unwrap_or(name.as_bytes());
+    let stem = name
+        .as_bytes()
+        .strip_suffix(PRESENTED_SUFFIX)
+        .unwrap_or(name.as_bytes());
     let mut out = stem.to_vec();
     out.extend_from_slice(ARCHIVE_SUFFIX);
     OsString::from_vec(out)

@@ -33,7 +33,9 @@
 use super::inode::{Identity, Inode, NodeKind};
 use super::namespace;
 use super::spool::{Entry as SpoolEntry, Spool};
-use super::{not_found_is, Attr, CheckpointFs, Entry, FsError, Handle, Opened, PlainHandle, Result};
+use super::{
+    not_found_is, Attr, CheckpointFs, Entry, FsError, Handle, Opened, PlainHandle, Result,
+};
 use crate::archive::Archive;
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, Metadata, OpenOptions};
@@ -352,17 +354,18 @@ impl CheckpointFs {
         }
         let current = current.expect("checked");
         match self.commit_locked(spool, id, &current, packed.is_some()) {
-            Ok(()) => match packed {
-                Some((raw, stored)) => log::info!(
-                    "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
-                    current.target.display(),
-                    raw,
-                    stored,
-                    raw as f64 / stored.max(1) as f64,
-                    t0.elapsed().as_secs_f64()
-                ),
-                None => {}
-            },
+            Ok(()) => {
+                if let Some((raw, stored)) = packed {
+                    log::info!(
+                        "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
+                        current.target.display(),
+                        raw,
+                        stored,
+                        raw as f64 / stored.max(1) as f64,
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+            }
             Err(e) => {
                 let _ = std::fs::remove_file(spool.tmp_path(id));
                 log::error!(
@@ -984,8 +987,14 @@ impl CheckpointFs {
         }
         match self.inodes.find(parent, name) {
             Some(i) => {
-                self.inodes
-                    .rename(i.ino, newparent, newname, new_backing, new_kind, new_identity);
+                self.inodes.rename(
+                    i.ino,
+                    newparent,
+                    newname,
+                    new_backing,
+                    new_kind,
+                    new_identity,
+                );
                 if let NodeKind::Staged { id } = new_kind {
                     spool.set_ino(id, i.ino);
                 }
@@ -1075,7 +1084,13 @@ impl CheckpointFs {
 
     /// Truncates staged file `id` (through `file` when the caller has it
     /// open) and queues it when nothing has it open for writing.
-    fn truncate_staged(&self, spool: &Spool, id: u64, size: u64, file: Option<&File>) -> Result<()> {
+    fn truncate_staged(
+        &self,
+        spool: &Spool,
+        id: u64,
+        size: u64,
+        file: Option<&File>,
+    ) -> Result<()> {
         let entry = spool.entry(id).ok_or(FsError::Stale)?;
         self.add_writer(entry.identity);
         spool.bump(id);

@@ -211,7 +211,11 @@ fn rename_over_a_compressed_file_keeps_old_readers_on_the_old_version() {
     let e2 = fs.lookup(ROOT_INO, OsStr::new("m.safetensors")).unwrap();
     assert_ne!(e2.attr.ino, e.attr.ino, "a new version is a new inode");
     assert_eq!(read_ino(&fs, e2.attr.ino), new);
-    assert_eq!(read_fh(&fs, reader), old, "the old reader keeps its version");
+    assert_eq!(
+        read_fh(&fs, reader),
+        old,
+        "the old reader keeps its version"
+    );
     fs.run_writeback();
     assert_eq!(read_fh(&fs, reader), old);
     fs.release(reader);
@@ -379,17 +383,29 @@ fn a_crash_before_compression_is_recovered_at_the_next_start() {
     }
     // A half-written compression result and a lone record, as a crash
     // mid-commit would leave them.
-    std::fs::write(d.path().join(SPOOL_DIR).join("00000000000000ff.zstn.tmp"), b"half").unwrap();
-    std::fs::write(d.path().join(SPOOL_DIR).join("00000000000000fe.path"), b"gone.safetensors")
-        .unwrap();
+    std::fs::write(
+        d.path().join(SPOOL_DIR).join("00000000000000ff.zstn.tmp"),
+        b"half",
+    )
+    .unwrap();
+    std::fs::write(
+        d.path().join(SPOOL_DIR).join("00000000000000fe.path"),
+        b"gone.safetensors",
+    )
+    .unwrap();
     let fs = fs_over(d.path());
     // Served from the spool before it is compressed.
     let sub = fs.lookup(ROOT_INO, OsStr::new("run")).unwrap();
-    let e = fs.lookup(sub.attr.ino, OsStr::new("s.safetensors")).unwrap();
+    let e = fs
+        .lookup(sub.attr.ino, OsStr::new("s.safetensors"))
+        .unwrap();
     assert_eq!(read_ino(&fs, e.attr.ino), bytes);
     fs.run_writeback();
     assert_eq!(unpack(&d.path().join("run/s.zstn")), bytes);
-    assert_eq!(std::fs::read(d.path().join("junk.safetensors")).unwrap(), b"junk");
+    assert_eq!(
+        std::fs::read(d.path().join("junk.safetensors")).unwrap(),
+        b"junk"
+    );
     assert!(spool_names(d.path()).is_empty());
 }
 

@@ -191,6 +191,72 @@ impl Mount {
     }
 }
 
+impl Mount {
+    /// Kills the daemon with SIGKILL (no cleanup at all) and detaches the
+    /// dead mount.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        assert!(!mounted(&self.mnt), "dead mount still attached");
+    }
+
+    /// Mounts the same store at the same place again, in the foreground.
+    pub fn remount(&mut self, extra: &[&str]) {
+        assert!(self.child.is_none(), "unmount first");
+        let child = Command::new(bin())
+            .arg("mount")
+            .arg(&self.store)
+            .arg(&self.mnt)
+            .arg("--foreground")
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&self.log)
+                    .unwrap(),
+            )
+            .stderr(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&self.log)
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("start ckptfs mount");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !mounted(&self.mnt) {
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("ckptfs mount exited ({st}): {}", self.log_text());
+            }
+            assert!(Instant::now() < deadline, "remount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until STORE holds no staged file (every write compressed or
+    /// put back). Panics after `secs`.
+    pub fn wait_committed(&self, secs: u64) {
+        let spool = self.store.join(".ckptfs-spool");
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let n = std::fs::read_dir(&spool).map(|d| d.count()).unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "spool not empty after {secs} s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();

@@ -1,0 +1,329 @@
+//! Writes through a real mount: what checkpoint writers do (safetensors
+//! `save_file`, temporary-then-rename, huggingface_hub's `*.incomplete`),
+//! versions seen by open readers, copy-up, `kill -9` of the daemon during
+//! compression, out-of-space, and `.blz` directories staying read-only.
+//! Each test backs a rule of doc/SEMANTICS.md.
+
+mod mount_util;
+
+use mount_util::{ckptfs, Mount};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn python() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} missing: run scripts/setup-test-env.sh",
+        p.display()
+    );
+    p
+}
+
+fn client(args: &[&str]) {
+    let out = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_write_client.py"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `ckptfs unpack` of `zstn` into a temp file; returns its bytes.
+fn unpack(zstn: &Path) -> Vec<u8> {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("u.safetensors");
+    let o = ckptfs(&[
+        "unpack",
+        zstn.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn save_file_is_compressed_after_close_and_unpacks_identically() {
+    let m = Mount::new(|_| {}, &[]);
+    let p = m.path("model.safetensors");
+    client(&["save", p.to_str().unwrap(), "1", "300000"]);
+    // Readable at once (from the spool), and identical.
+    client(&["expect", p.to_str().unwrap(), "1", "300000"]);
+    let written = std::fs::read(&p).unwrap();
+    m.wait_committed(60);
+    assert_eq!(names(&m.store), vec![".ckptfs-spool", "model.zstn"]);
+    assert_eq!(unpack(&m.store.join("model.zstn")), written);
+    assert_eq!(std::fs::read(&p).unwrap(), written);
+    let stored = std::fs::metadata(m.store.join("model.zstn")).unwrap().len();
+    assert!(
+        stored * 5 < written.len() as u64 * 4,
+        "bf16 weights should shrink: {stored} of {}",
+        written.len()
+    );
+    // The spool is invisible in the mount.
+    assert_eq!(names(&m.mnt), vec!["model.safetensors"]);
+    assert!(!m.path(".ckptfs-spool").exists());
+}
+
+#[test]
+fn temporary_then_rename_and_incomplete_patterns() {
+    let m = Mount::new(|_| {}, &[]);
+    std::fs::create_dir(m.path("run")).unwrap();
+    let d = m.path("run");
+    client(&[
+        "tmp_rename",
+        d.to_str().unwrap(),
+        "a.safetensors",
+        "2",
+        "100000",
+    ]);
+    client(&[
+        "incomplete",
+        d.to_str().unwrap(),
+        "b.safetensors",
+        "3",
+        "100000",
+    ]);
+    client(&[
+        "expect",
+        d.join("a.safetensors").to_str().unwrap(),
+        "2",
+        "100000",
+    ]);
+    client(&[
+        "expect",
+        d.join("b.safetensors").to_str().unwrap(),
+        "3",
+        "100000",
+    ]);
+    m.wait_committed(60);
+    assert_eq!(names(&m.store.join("run")), vec!["a.zstn", "b.zstn"]);
+    assert_eq!(names(&d), vec!["a.safetensors", "b.safetensors"]);
+    client(&[
+        "expect",
+        d.join("a.safetensors").to_str().unwrap(),
+        "2",
+        "100000",
+    ]);
+    client(&[
+        "expect",
+        d.join("b.safetensors").to_str().unwrap(),
+        "3",
+        "100000",
+    ]);
+}
+
+#[test]
+fn an_open_reader_keeps_the_old_version_across_an_overwrite() {
+    let m = Mount::new(|_| {}, &[]);
+    let p = m.path("m.safetensors");
+    client(&["save", p.to_str().unwrap(), "4", "200000"]);
+    m.wait_committed(60);
+    client(&["reader_sees_old", p.to_str().unwrap(), "4", "5", "200000"]);
+    m.wait_committed(60);
+    client(&["expect", p.to_str().unwrap(), "5", "200000"]);
+    assert_eq!(names(&m.store), vec![".ckptfs-spool", "m.zstn"]);
+}
+
+#[test]
+fn partial_in_place_overwrite_copies_up() {
+    let m = Mount::new(|_| {}, &[]);
+    let p = m.path("m.safetensors");
+    client(&["save", p.to_str().unwrap(), "6", "200000"]);
+    m.wait_committed(60);
+    let mut want = std::fs::read(&p).unwrap();
+    let at = want.len() - 10_000;
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.seek(SeekFrom::Start(at as u64)).unwrap();
+        f.write_all(&[0x11; 300]).unwrap();
+    }
+    want[at..at + 300].fill(0x11);
+    assert_eq!(std::fs::read(&p).unwrap(), want);
+    m.wait_committed(60);
+    assert_eq!(unpack(&m.store.join("m.zstn")), want);
+    assert_eq!(std::fs::read(&p).unwrap(), want);
+}
+
+#[test]
+fn kill_9_during_compression_loses_nothing() {
+    let mut m = Mount::new(|_| {}, &[]);
+    let p = m.path("big.safetensors");
+    // ~120 MB: compression takes a while, so the kill lands inside it.
+    client(&["save", p.to_str().unwrap(), "7", "40000000"]);
+    let written = std::fs::read(&p).unwrap();
+    let spool = m.store.join(".ckptfs-spool");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !names(&spool).iter().any(|n| n.ends_with(".zstn.tmp")) {
+        assert!(
+            Instant::now() < deadline,
+            "compression never started: {}",
+            m.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    m.kill9();
+    // Mid-compression: only the staged copy and a temporary exist.
+    assert!(!m.store.join("big.zstn").exists());
+    m.remount(&[]);
+    assert_eq!(std::fs::read(&p).unwrap(), written, "served from the spool");
+    m.wait_committed(120);
+    assert!(names(&m.store.join(".ckptfs-spool")).is_empty());
+    assert_eq!(names(&m.store), vec![".ckptfs-spool", "big.zstn"]);
+    assert_eq!(names(&m.mnt), vec!["big.safetensors"]);
+    assert_eq!(std::fs::read(&p).unwrap(), written);
+    assert_eq!(unpack(&m.store.join("big.zstn")), written);
+}
+
+/// A tmpfs of `mib` MiB at `dir` (unmounted on drop).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(dir: &Path, mib: u64) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs (the tests run as root)");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn out_of_space_reaches_the_writer_and_keeps_staged_files_readable() {
+    let outer = tempfile::tempdir().unwrap();
+    let _t = Tmpfs::new(&outer.path().join("store"), 20);
+    // Ballast that the test deletes later to make room.
+    std::fs::write(outer.path().join("store/ballast.bin"), vec![1u8; 6 << 20]).unwrap();
+    let mut m = Mount::new(|_| {}, &[]);
+    // Point a second mount at the small store instead.
+    m.unmount();
+    m.store = outer.path().join("store");
+    m.remount(&[]);
+    // 1. A staged file that fits, but whose compressed copy does not.
+    let p = m.path("m.safetensors");
+    // ~9 MB staged; its ~6.7 MB compressed copy does not fit in what is left.
+    client(&["save", p.to_str().unwrap(), "8", "3000000"]);
+    let written = std::fs::read(&p).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !m.log_text().contains("compression failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no ENOSPC logged: {}",
+            m.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(m.log_text().contains("No space left on device"));
+    assert_eq!(std::fs::read(&p).unwrap(), written, "still readable");
+    assert!(!m.store.join("m.zstn").exists());
+    assert_eq!(
+        names(&m.store.join(".ckptfs-spool")).len(),
+        2,
+        "still staged"
+    );
+    // 2. Writes past the end of the space fail with ENOSPC, plain or staged.
+    for name in ["fill.bin", "fill.safetensors"] {
+        let mut f = std::fs::File::create(m.path(name)).unwrap();
+        let chunk = vec![0x5au8; 1 << 20];
+        let err = (0..64)
+            .find_map(|_| f.write_all(&chunk).and_then(|_| f.sync_all()).err())
+            .expect("a 20 MiB store cannot take 64 MiB more");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{name}: {err}");
+        drop(f);
+        std::fs::remove_file(m.path(name)).unwrap();
+    }
+    // 3. With space again, the next close commits it.
+    std::fs::remove_file(m.path("ballast.bin")).unwrap();
+    let w = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+    drop(w);
+    m.wait_committed(60);
+    assert_eq!(unpack(&m.store.join("m.zstn")), written);
+    m.unmount();
+}
+
+#[test]
+fn blz_directories_are_read_only_while_the_rest_is_writable() {
+    let m = Mount::new(
+        |store| {
+            let src = store.join("../model-src");
+            std::fs::create_dir_all(&src).unwrap();
+            std::fs::write(src.join("config.json"), b"{\"a\": 1}\n").unwrap();
+            let o = ckptfs(&[
+                "pack",
+                src.to_str().unwrap(),
+                "-o",
+                store.join("model.blz").to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        },
+        &[],
+    );
+    let erofs = |r: std::io::Result<()>| {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    };
+    erofs(std::fs::write(m.path("model/config.json"), b"x"));
+    erofs(std::fs::write(m.path("model/new.txt"), b"x"));
+    erofs(std::fs::create_dir(m.path("model/sub")));
+    erofs(std::fs::remove_file(m.path("model/config.json")));
+    erofs(std::fs::rename(
+        m.path("model/config.json"),
+        m.path("model/c2.json"),
+    ));
+    let mut s = String::new();
+    std::fs::File::open(m.path("model/config.json"))
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s, "{\"a\": 1}\n");
+    std::fs::write(m.path("notes.txt"), b"writable").unwrap();
+    assert_eq!(
+        std::fs::read(m.store.join("notes.txt")).unwrap(),
+        b"writable"
+    );
+    let f = std::fs::File::open(m.path("notes.txt")).unwrap();
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, 4).unwrap();
+    assert_eq!(&b, b"able");
+}
+
+#[test]
+fn read_only_flag_refuses_writes() {
+    let m = Mount::new(
+        |s| std::fs::write(s.join("a.txt"), b"a").unwrap(),
+        &["--read-only"],
+    );
+    let r = std::fs::write(m.path("b.txt"), b"b");
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        names(&m.store),
+        vec!["a.txt"],
+        "no spool in a read-only mount"
+    );
+}
