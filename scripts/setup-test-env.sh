@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian 12 machine:
-# fuse3 (fusermount3) for the real-mount tests, and a Python venv with pinned
-# packages for the interop (z4ai) and client (safetensors/numpy) tests.
+# fuse3 (fusermount3) for the real-mount tests, a Python venv with pinned
+# packages for the interop (z4ai) and client (safetensors/numpy) tests, and
+# the file-system test tools fsx and pjdfstest (crates.io) in .tools/bin for
+# tests/mount_fsx.rs and tests/mount_pjdfstest.rs.
 # Idempotent: re-running it only checks that things are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +11,15 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
+TOOLS="$PWD/.tools"
+need_tools=0
+for t in fsx pjdfstest; do
+  [ -x "$TOOLS/bin/$t" ] || need_tools=1
+done
+# pjdfstest links libacl (crate exacl): the linker needs libacl.so.
+if [ "$need_tools" = 1 ] && ! dpkg -s libacl1-dev >/dev/null 2>&1; then
+  need_apt+=(libacl1-dev)
+fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -24,4 +35,8 @@ if ! cmp -s scripts/requirements-test.txt "$stamp"; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$stamp"
 fi
-echo "test environment ready: $(fusermount3 --version 2>&1 | head -1); venv $VENV"
+if [ "$need_tools" = 1 ]; then
+  # --locked: the versions each tool's own Cargo.lock pins.
+  nice -n 10 cargo install -q --locked --root "$TOOLS" fsx pjdfstest
+fi
+echo "test environment ready: $(fusermount3 --version 2>&1 | head -1); venv $VENV; tools $TOOLS/bin"
