@@ -17,8 +17,10 @@
 //! archive, so tensors shared by several shards share cache entries. Block
 //! reads check the block's digests (payload before decoding, data after)
 //! and return [`ArchiveError`], so a mount serves `.blz` files through the
-//! same `BlockCache<ArchiveError>` as `.zstn` files. The header digest and
-//! the data-section SHA-256 are checked by [`BlzArchive::verify`] only.
+//! same `BlockCache<ArchiveError>` as `.zstn` files. The data-section
+//! SHA-256 is checked by [`BlzArchive::verify`] only. The header digest is
+//! checked at open; when it fails, every segment is checked against its
+//! tensor's or file's own digest before it is served (see `trusted`).
 //!
 //! The map is private and read-only; ckptfs replaces archives by rename,
 //! never in place.
@@ -54,11 +56,14 @@ struct Unit {
 
 /// A blob as part of a file: file bytes `[start, start + len)` are the
 /// blob's decoded bytes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Segment {
     start: u64,
     len: u64,
     unit: u32,
+    /// What the segment's decoded bytes must hash to: (range within the
+    /// segment, xxh3) pairs (one per tensor, or the whole file).
+    expect: Vec<(Range<u64>, u64)>,
 }
 
 struct Slot {
@@ -66,6 +71,9 @@ struct Slot {
     /// Non-empty segments in file order, contiguous from `prefix_len`.
     segments: Vec<Segment>,
     prefix: OnceLock<std::result::Result<Arc<Vec<u8>>, String>>,
+    /// Per segment, whether its bytes match the header's digests; only
+    /// used when the header digest failed at open (`trusted` false).
+    checked: Vec<OnceLock<std::result::Result<(), String>>>,
 }
 
 pub struct BlzArchive {
@@ -74,6 +82,13 @@ pub struct BlzArchive {
     parsed: Parsed,
     units: Vec<Unit>,
     slots: Vec<Slot>,
+    /// The header digest matched at open. When it did not, the header's
+    /// structure (which blob holds what) cannot be trusted either: a
+    /// flipped blob index would serve another tensor of the same length,
+    /// whose blocks check out. Every segment is then checked against its
+    /// own tensor or file digest before its first byte is served, so a
+    /// damaged header fails only the reads it actually affects.
+    trusted: bool,
 }
 
 impl std::fmt::Debug for BlzArchive {
@@ -142,6 +157,7 @@ impl BlzArchive {
                             start: 0,
                             len: f.size,
                             unit: b,
+                            expect: f.xxh3.map(|d| (0..f.size, d.0)).into_iter().collect(),
                         });
                     }
                     None => prefix_len = f.size,
@@ -157,6 +173,13 @@ impl BlzArchive {
                                 start: prefix_len,
                                 len: dlen,
                                 unit: b,
+                                expect: f
+                                    .tensors
+                                    .as_deref()
+                                    .unwrap_or_default()
+                                    .iter()
+                                    .map(|t| (t.data_offsets[0]..t.data_offsets[1], t.xxh3.0))
+                                    .collect(),
                             });
                         }
                         None => {
@@ -167,6 +190,7 @@ impl BlzArchive {
                                     start: prefix_len + t.data_offsets[0],
                                     len: t.len(),
                                     unit: b,
+                                    expect: vec![(0..t.len(), t.xxh3.0)],
                                 });
                             }
                         }
@@ -176,6 +200,7 @@ impl BlzArchive {
             }
             slots.push(Slot {
                 prefix_len,
+                checked: (0..segments.len()).map(|_| OnceLock::new()).collect(),
                 segments,
                 prefix: OnceLock::new(),
             });
@@ -188,12 +213,23 @@ impl BlzArchive {
                 grid: OnceLock::new(),
             })
             .collect();
+        let r = &parsed.header_json;
+        let trusted =
+            blz::check_header_digest(&map.bytes()[r.start as usize..r.end as usize]).is_ok();
+        if !trusted {
+            log::warn!(
+                "{}: header digest mismatch; every tensor and file is checked against its own \
+                 digest before it is served",
+                path.display()
+            );
+        }
         Ok(BlzArchive {
             path: path.to_path_buf(),
             map,
             parsed,
             units,
             slots,
+            trusted,
         })
     }
 
@@ -409,7 +445,7 @@ impl BlzArchive {
         }
         while pos < end {
             let k = slot.segments.partition_point(|s| s.start <= pos);
-            let Some(seg) = k.checked_sub(1).map(|k| slot.segments[k]) else {
+            let Some(seg) = k.checked_sub(1).map(|k| &slot.segments[k]) else {
                 return Err(self.integrity(format!("{}: no data at {pos}", self.files()[i].path)));
             };
             let in_unit = pos - seg.start;
@@ -447,6 +483,9 @@ impl BlzArchive {
             return Ok(0);
         }
         let n = (buf.len() as u64).min(len - offset) as usize;
+        if !self.trusted {
+            self.check_segments(i, offset..offset + n as u64)?;
+        }
         for p in self.plan(i, offset..offset + n as u64)? {
             let dst = &mut buf[p.out_offset as usize
                 ..p.out_offset as usize + (p.within.end - p.within.start) as usize];
@@ -457,6 +496,48 @@ impl BlzArchive {
             dst.copy_from_slice(&src[p.within.start as usize..p.within.end as usize]);
         }
         Ok(n)
+    }
+
+    /// Checks every segment of file `i` overlapping `range` against the
+    /// header's digests (decoding it whole, once).
+    fn check_segments(&self, i: usize, range: Range<u64>) -> Result<()> {
+        let slot = &self.slots[i];
+        for (k, seg) in slot.segments.iter().enumerate() {
+            if seg.start >= range.end || seg.start + seg.len <= range.start {
+                continue;
+            }
+            let r = slot.checked[k].get_or_init(|| {
+                let grid = self.grid(seg.unit).map_err(|e| e.to_string())?;
+                let mut bytes = Vec::with_capacity(seg.len as usize);
+                for b in 0..grid.blocks() {
+                    let d = self
+                        .decode_block(BlockKey {
+                            unit: seg.unit,
+                            block: b as u32,
+                        })
+                        .map_err(|e| e.to_string())?;
+                    bytes.extend_from_slice(&d);
+                }
+                for (r, want) in &seg.expect {
+                    let part = bytes
+                        .get(r.start as usize..r.end as usize)
+                        .ok_or_else(|| "range outside its blob".to_string())?;
+                    if xxh3_64(part) != *want {
+                        return Err("checksum mismatch (the header is damaged)".to_string());
+                    }
+                }
+                Ok(())
+            });
+            if let Err(what) = r {
+                return Err(self.integrity(format!(
+                    "{}: bytes {}..{}: {what}",
+                    self.files()[i].path,
+                    seg.start,
+                    seg.start + seg.len
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Reads without a cache, decoding every covered block.
@@ -487,6 +568,9 @@ impl BlzArchive {
         let io = |e: std::io::Error| {
             self.integrity(format!("{}: write failed: {e}", self.files()[i].path))
         };
+        if !self.trusted {
+            self.check_segments(i, 0..self.logical_len(i))?;
+        }
         let prefix = self.prefix(i)?;
         w.write_all(&prefix).map_err(io)?;
         progress(prefix.len() as u64);

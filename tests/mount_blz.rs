@@ -768,13 +768,12 @@ fn damaged_header_fails_that_archive_only() {
     );
 }
 
-/// BUG (fails on main at 59bbd7c, not fixed here): one damaged byte in the
-/// header, a tensor's `"blob":N` turned into the index of another blob of
-/// the same length, makes the mount serve that other tensor's bytes with
-/// no error. `verify` catches it (tensor xxh3, header_xxh3), but reads
-/// check only the per-block digests of whatever blob the header points at,
-/// and the header digest is checked by `verify` only. Wanted: EIO for the
-/// tensor whose blob reference is damaged (never other bytes).
+/// One damaged byte in the header, a tensor's `"blob":N` turned into the
+/// index of another blob of the same length: the blocks of that other blob
+/// check out, so only the header digest (checked at open) and the tensor's
+/// own xxh3 can tell. The mount must answer EIO for that tensor, never the
+/// other tensor's bytes (this once served them; see `trusted` in
+/// src/blz.rs).
 #[test]
 fn damaged_blob_reference_in_header_gives_eio_not_other_bytes() {
     let f = fixture();
@@ -791,7 +790,7 @@ fn damaged_blob_reference_in_header_gives_eio_not_other_bytes() {
         Ok(()) => {
             assert!(
                 buf != orig[v.clone()],
-                "BUG: swap/{SHARD1} serves model.layers.0.v's bytes as model.layers.0.w, without an error"
+                "swap/{SHARD1} serves model.layers.0.v's bytes as model.layers.0.w, without an error"
             );
             assert!(buf == orig[w.clone()], "wrong bytes for model.layers.0.w");
         }
