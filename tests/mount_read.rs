@@ -400,7 +400,12 @@ fn xattrs_and_statfs() {
 
 #[test]
 fn writes_are_refused_read_only() {
-    let (m, _) = store_mount();
+    let m = Mount::new(
+        |s| {
+            populate_store(s);
+        },
+        &["--read-only"],
+    );
     let e = std::fs::OpenOptions::new()
         .write(true)
         .open(m.path("tiny.safetensors"))
