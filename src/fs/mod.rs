@@ -849,7 +849,10 @@ impl CheckpointFs {
             // but referenced inode).
             Ok(_) => inode.state().attr.ok_or(FsError::Stale),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                inode.state().attr.ok_or(FsError::NotFound)
+                // Unlinked but still referenced (open): no names left.
+                let mut a = inode.state().attr.ok_or(FsError::NotFound)?;
+                a.nlink = 0;
+                Ok(a)
             }
             Err(e) => Err(FsError::Io(e)),
         }

@@ -529,6 +529,9 @@ impl CheckpointFs {
 
     /// Opens `ino` for writing (or with `O_TRUNC`).
     pub(super) fn open_write(&self, ino: u64, flags: i32) -> Result<Opened> {
+        if flags & libc::O_ACCMODE == libc::O_ACCMODE {
+            return Err(errno(libc::EINVAL));
+        }
         let spool = self.spool()?;
         let inode = self.inode(ino)?;
         match inode.kind() {
@@ -696,9 +699,10 @@ impl CheckpointFs {
             let file = OpenOptions::new()
                 .read(acc != libc::O_WRONLY)
                 .write(acc != libc::O_RDONLY)
-                .create_new(true)
                 .mode(mode & 0o7777)
-                .custom_flags(backing_flags(flags))
+                // Not `create_new`: std refuses it without write access,
+                // and open(O_CREAT | O_RDONLY) is valid.
+                .custom_flags(backing_flags(flags) | libc::O_CREAT | libc::O_EXCL)
                 .open(&path)?;
             if let Err(e) = set_owner(&path, caller, &dm) {
                 let _ = std::fs::remove_file(&path);
