@@ -147,9 +147,11 @@ pub enum Opened {
     /// cache holds this same archive version from a previous open.
     Archive { fh: u64, keep_cache: bool },
     /// A plain file; when `passthrough`, the adapter may pass `file` to
-    /// the kernel, else reads and writes come here. Staged files are never
-    /// passed through: their inode becomes an archive when compressed, and
-    /// the kernel refuses cached opens of an inode with passthrough opens.
+    /// the kernel, else reads and writes come here. The kernel refuses to
+    /// mix passthrough and cached opens of one inode, so a staged file is
+    /// passed through only when its inode has no cached (archive) handle
+    /// open, and it is compressed (becoming an archive) only when nothing
+    /// has it open.
     Plain {
         fh: u64,
         file: Arc<File>,
@@ -262,6 +264,7 @@ impl Served {
 }
 
 struct ArchiveHandle {
+    ino: u64,
     archive: Served,
     generation: u64,
     seq: Mutex<Sequential>,
@@ -278,6 +281,10 @@ struct DirItem {
 struct PlainHandle {
     file: Arc<File>,
     ino: u64,
+    /// The backing file's identity.
+    identity: Identity,
+    /// Served here (not passed through to the kernel).
+    cached: bool,
     /// Opened for writing: counted in `CheckpointFs::writers` under this
     /// identity until released.
     writer: Option<Identity>,
@@ -903,10 +910,16 @@ impl CheckpointFs {
         writer: Option<Identity>,
         passthrough: bool,
     ) -> Opened {
+        let identity = file
+            .metadata()
+            .map(|m| (m.dev(), m.ino()))
+            .unwrap_or((0, 0));
         let file = Arc::new(file);
         let fh = self.insert_handle(Handle::Plain(PlainHandle {
             file: file.clone(),
             ino,
+            identity,
+            cached: !passthrough,
             writer,
         }));
         Opened::Plain {
@@ -916,9 +929,47 @@ impl CheckpointFs {
         }
     }
 
+    /// Whether `ino` has handles the kernel serves through its page cache
+    /// (archives, plain handles not passed through). The kernel refuses a
+    /// passthrough open of an inode with such handles, and vice versa.
+    fn has_cached_opens(&self, ino: u64) -> bool {
+        self.handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|h| match &**h {
+                Handle::Archive(a) => a.ino == ino,
+                Handle::Plain(p) => p.ino == ino && p.cached,
+                Handle::Dir(_) => false,
+            })
+    }
+
+    /// Whether any handle has the backing file `id` open.
+    fn is_open(&self, id: Identity) -> bool {
+        self.handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|h| matches!(&**h, Handle::Plain(p) if p.identity == id))
+    }
+
     /// Opens a file. `flags` are the open(2) flags; opening for writing
     /// (or with `O_TRUNC`) goes to [`Self::open_write`].
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
+        let staged = matches!(self.inode(ino)?.kind(), NodeKind::Staged { .. });
+        match self.open_once(ino, flags) {
+            // Committed (compressed or put back) between resolving the
+            // inode and opening its spool file: wait for the commit to
+            // finish (it holds `ns`) and open what it left.
+            Err(FsError::NotFound | FsError::Stale) if staged => {
+                drop(self.ns.lock().unwrap_or_else(|p| p.into_inner()));
+                self.open_once(ino, flags)
+            }
+            r => r,
+        }
+    }
+
+    fn open_once(&self, ino: u64, flags: i32) -> Result<Opened> {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             return self.open_write(ino, flags);
         }
@@ -939,6 +990,7 @@ impl CheckpointFs {
                     keep
                 };
                 let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    ino,
                     archive: Served::Blz(archive, index),
                     generation,
                     seq: Mutex::new(Sequential::default()),
@@ -951,7 +1003,7 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                let passthrough = matches!(inode.kind(), NodeKind::Plain);
+                let passthrough = inode.kind() == NodeKind::Plain || !self.has_cached_opens(ino);
                 Ok(self.plain_handle(ino, file, None, passthrough))
             }
             NodeKind::Archive => {
@@ -975,6 +1027,7 @@ impl CheckpointFs {
                     keep
                 };
                 let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    ino,
                     archive: Served::Zstn(archive),
                     generation: slot.generation,
                     seq: Mutex::new(Sequential::default()),
@@ -1104,11 +1157,11 @@ impl CheckpointFs {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&fh);
         if let Some(h) = h {
-            if let Handle::Plain(PlainHandle {
-                writer: Some(id), ..
-            }) = &*h
-            {
-                self.writer_closed(*id);
+            if let Handle::Plain(p) = &*h {
+                match p.writer {
+                    Some(id) => self.writer_closed(id),
+                    None => self.handle_closed(p.identity),
+                }
             }
         }
     }

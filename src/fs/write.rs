@@ -243,6 +243,14 @@ impl CheckpointFs {
             }
         };
         if last {
+            self.handle_closed(id);
+        }
+    }
+
+    /// Called when a handle of backing file `id` closes: a staged file
+    /// nothing has open any more is queued for compression.
+    pub(super) fn handle_closed(&self, id: Identity) {
+        if self.writer_count(id) == 0 && !self.is_open(id) {
             if let Some(s) = &self.spool {
                 if let Some(sid) = s.find_identity(id) {
                     self.schedule(sid);
@@ -324,7 +332,9 @@ impl CheckpointFs {
         let Some(entry) = spool.begin_compress(id) else {
             return;
         };
-        if self.writer_count(entry.identity) > 0 {
+        if self.writer_count(entry.identity) > 0 || self.is_open(entry.identity) {
+            // Compressed after the last close (a passthrough handle must
+            // not be open when the inode becomes an archive).
             spool.end_compress(id);
             return;
         }
@@ -347,6 +357,7 @@ impl CheckpointFs {
         let current = spool.entry(id);
         if current.as_ref().map(|c| c.version) != Some(entry.version)
             || self.writer_count(entry.identity) > 0
+            || self.is_open(entry.identity)
         {
             // Changed while compressing: the next close queues it again.
             let _ = std::fs::remove_file(spool.tmp_path(id));
@@ -582,7 +593,13 @@ impl CheckpointFs {
                 return Err(not_found_is(e));
             }
         };
-        Ok(self.plain_handle(inode.ino, file, writer.then_some(entry.identity), false))
+        let passthrough = !self.has_cached_opens(inode.ino);
+        Ok(self.plain_handle(
+            inode.ino,
+            file,
+            writer.then_some(entry.identity),
+            passthrough,
+        ))
     }
 
     /// Moves plain `X.safetensors` into the spool (it is being written).
@@ -690,7 +707,7 @@ impl CheckpointFs {
             spool.set_ino(id, inode.ino);
             self.add_writer(identity);
             spool.bump(id);
-            let opened = self.plain_handle(inode.ino, file, Some(identity), false);
+            let opened = self.plain_handle(inode.ino, file, Some(identity), true);
             let entry = self.entry_of(&inode, &m)?;
             Ok((entry, opened))
         } else {
