@@ -187,18 +187,7 @@ impl Spool {
                         keep.display()
                     );
                     let m = std::fs::symlink_metadata(&data)?;
-                    let mut st = spool.lock();
-                    st.by_target.insert(keep.clone(), id);
-                    st.entries.insert(
-                        id,
-                        Entry {
-                            target: keep.clone(),
-                            identity: (m.dev(), m.ino()),
-                            version: 0,
-                            compressing: false,
-                            ino: None,
-                        },
-                    );
+                    spool.index(id, &keep, (m.dev(), m.ino()), 0);
                     found.push(Recovered { id, target: keep });
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -221,18 +210,7 @@ impl Spool {
                 );
                 let m = std::fs::symlink_metadata(spool.dir.join(data_name(id)))?;
                 spool.write_record(id, &keep, false)?;
-                let mut st = spool.lock();
-                st.by_target.insert(keep.clone(), id);
-                st.entries.insert(
-                    id,
-                    Entry {
-                        target: keep.clone(),
-                        identity: (m.dev(), m.ino()),
-                        version: 0,
-                        compressing: false,
-                        ino: None,
-                    },
-                );
+                spool.index(id, &keep, (m.dev(), m.ino()), 0);
                 found.push(Recovered { id, target: keep });
             }
         }
@@ -275,6 +253,11 @@ impl Spool {
     }
 
     fn insert(&self, id: u64, target: &Path, identity: Identity) {
+        self.index(id, target, identity, 1);
+    }
+
+    /// Adds `id` to the index as staged for `target`.
+    fn index(&self, id: u64, target: &Path, identity: Identity, version: u64) {
         let mut st = self.lock();
         st.by_target.insert(target.to_path_buf(), id);
         st.entries.insert(
@@ -282,7 +265,7 @@ impl Spool {
             Entry {
                 target: target.to_path_buf(),
                 identity,
-                version: 1,
+                version,
                 compressing: false,
                 ino: None,
             },
