@@ -772,14 +772,7 @@ impl CheckpointFs {
             self.release(fh);
             return Ok(e);
         }
-        let (p, rel) = self.writable_dir(parent)?;
-        self.check_new_name(&rel, name, false)?;
-        if self.resolve(&p, name).is_ok() {
-            return Err(errno(libc::EEXIST));
-        }
-        let dir = self.store.join(&rel);
-        let dm = std::fs::metadata(&dir).map_err(not_found_is)?;
-        let path = dir.join(name);
+        let (path, dm) = self.new_entry(parent, name, false)?;
         let c = cpath(&path)?;
         // SAFETY: `c` is a valid NUL-terminated path.
         check(unsafe { libc::mknod(c.as_ptr(), mode, rdev as libc::dev_t) })?;
@@ -787,15 +780,21 @@ impl CheckpointFs {
         self.lookup(parent, name)
     }
 
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> Result<Entry> {
+    /// The backing path for a new entry `name` in `parent` (writable,
+    /// allowed, not existing) and the metadata of its directory.
+    fn new_entry(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(PathBuf, Metadata)> {
         let (p, rel) = self.writable_dir(parent)?;
-        self.check_new_name(&rel, name, true)?;
+        self.check_new_name(&rel, name, dir)?;
         if self.resolve(&p, name).is_ok() {
             return Err(errno(libc::EEXIST));
         }
-        let dir = self.store.join(&rel);
-        let dm = std::fs::metadata(&dir).map_err(not_found_is)?;
-        let path = dir.join(name);
+        let d = self.store.join(&rel);
+        let dm = std::fs::metadata(&d).map_err(not_found_is)?;
+        Ok((d.join(name), dm))
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> Result<Entry> {
+        let (path, dm) = self.new_entry(parent, name, true)?;
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .mode(mode & 0o7777)
@@ -813,14 +812,7 @@ impl CheckpointFs {
         target: &Path,
         caller: Caller,
     ) -> Result<Entry> {
-        let (p, rel) = self.writable_dir(parent)?;
-        self.check_new_name(&rel, name, false)?;
-        if self.resolve(&p, name).is_ok() {
-            return Err(errno(libc::EEXIST));
-        }
-        let dir = self.store.join(&rel);
-        let dm = std::fs::metadata(&dir).map_err(not_found_is)?;
-        let path = dir.join(name);
+        let (path, dm) = self.new_entry(parent, name, false)?;
         std::os::unix::fs::symlink(target, &path)?;
         set_owner(&path, caller, &dm)?;
         self.lookup(parent, name)
