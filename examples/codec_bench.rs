@@ -4,7 +4,7 @@
 //! into memory (all blocks, in parallel, in file order), checking the bytes.
 //! Prints one JSON object per file with the ratio and the median MB/s (of
 //! original bytes) over N runs. Threads: RAYON_NUM_THREADS (default: all).
-use ckptfs::archive::Archive;
+use ckptfs::archive::ZstnArchive;
 use ckptfs::commands::unpack_to;
 use ckptfs::writer::{pack, PackOptions};
 use std::time::Instant;
@@ -45,7 +45,7 @@ fn main() {
             ct.push(mb / t.elapsed().as_secs_f64());
             ccpu.push(mb / (cpu() - c));
         }
-        let a = Archive::from_bytes(packed.clone(), std::path::Path::new(&path)).unwrap();
+        let a = ZstnArchive::from_bytes(packed.clone(), std::path::Path::new(&path)).unwrap();
         let (mut dt, mut dcpu) = (Vec::new(), Vec::new());
         let druns: usize = std::env::var("DECODE_RUNS")
             .ok()

@@ -405,7 +405,7 @@ pub fn pack_dir(
 
     let header = Header {
         data_length: offset,
-        data_sha256: crate::blz::hex(&sha.finalize()),
+        data_sha256: crate::archive::blz::hex(&sha.finalize()),
         files,
         blobs: entries,
         header_xxh3: Digest(0),

@@ -4,7 +4,6 @@
 //! command line; `fuse` and `commands` are thin layers over it.
 
 pub mod archive;
-pub mod blz;
 pub mod blz_writer;
 pub mod cache;
 pub mod cli;

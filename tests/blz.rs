@@ -5,7 +5,7 @@
 //! stdlib-only Python script, and golden bytes.
 
 mod common;
-use ckptfs::blz::BlzArchive;
+use ckptfs::archive::{plan, verify, ArchiveView, BlzArchive};
 use ckptfs::blz_writer::{pack_dir, BlzOptions};
 use ckptfs::format::blz::{
     self, BlobEntry, BlockEntry, BlzError, Digest, Encoding, FileEntry, FileKind, Header,
@@ -193,7 +193,7 @@ fn roundtrip(raw: bool) {
     let ar = BlzArchive::open(&f.blz).unwrap();
     // The tied tensor is stored once: 8 tensors, 7 blobs (+ no file blobs).
     let tensors: Vec<_> = ar
-        .files()
+        .entries()
         .iter()
         .flat_map(|f| f.tensors.clone().unwrap_or_default())
         .collect();
@@ -211,7 +211,7 @@ fn roundtrip(raw: bool) {
     };
     assert!((0..ar.units() as u32).all(|u| ar.blob(u).encoding == enc));
     // Text and binary sidecars are embedded as such.
-    let entry = |p: &str| ar.files()[ar.find(p).unwrap()].clone();
+    let entry = |p: &str| ar.entries()[ar.find(p).unwrap()].clone();
     assert!(entry("config.json").text.is_some());
     assert!(entry("tokenizer.model").base64.is_some());
     assert_eq!(ar.directories(), vec!["1_Pooling", "1_Pooling/nested"]);
@@ -219,14 +219,13 @@ fn roundtrip(raw: bool) {
     // Arbitrary ranges of a shard through the Archive-like read API.
     let i = ar.find("model-00002-of-00002.safetensors").unwrap();
     let orig = &a["model-00002-of-00002.safetensors"];
-    let file = ar.file(i);
-    assert_eq!(file.logical_len(), orig.len() as u64);
+    assert_eq!(ar.logical_len(i), orig.len() as u64);
     let mut rng = Rng(3);
     for _ in 0..40 {
         let off = rng.below(orig.len() as u64);
         let len = rng.below(3 << 20) as usize;
         let mut buf = vec![0u8; len];
-        let n = file.read_at(off, &mut buf).unwrap();
+        let n = ar.read_at(i, off, &mut buf).unwrap();
         assert_eq!(&buf[..n], &orig[off as usize..off as usize + n]);
     }
     let out = ckptfs(&["verify", s(&f.blz)]);
@@ -253,9 +252,8 @@ fn reads_touch_only_the_covered_blocks() {
     let f = packed(false);
     let ar = BlzArchive::open(&f.blz).unwrap();
     let i = ar.find("model-00001-of-00002.safetensors").unwrap();
-    let file = ar.file(i);
-    let plan = file.plan(0..file.logical_len()).unwrap();
-    let blocks: Vec<_> = plan
+    let whole = plan(&ar, i, 0..ar.logical_len(i)).unwrap();
+    let blocks: Vec<_> = whole
         .iter()
         .filter_map(|p| match p.source {
             ckptfs::archive::PieceSource::Block(k) => Some(k),
@@ -264,7 +262,7 @@ fn reads_touch_only_the_covered_blocks() {
         .collect();
     assert!(blocks.len() > 2, "the embedding should span several blocks");
     // A small read in the middle of the embedding plans one block.
-    let sub = file.plan(100_000..100_100).unwrap();
+    let sub = plan(&ar, i, 100_000..100_100).unwrap();
     assert_eq!(sub.len(), 1);
     for k in blocks {
         assert_eq!(
@@ -348,7 +346,7 @@ fn list_and_extract() {
 /// Where a tensor's blob lies in the archive file.
 fn blob_range(ar: &BlzArchive, bytes: &[u8], tensor: &str) -> std::ops::Range<usize> {
     let t = ar
-        .files()
+        .entries()
         .iter()
         .flat_map(|f| f.tensors.clone().unwrap_or_default())
         .find(|t| t.name == tensor)
@@ -407,7 +405,7 @@ fn corrupt_tensor_fails_only_its_reads() {
             assert_eq!(read_file(&ar, path).unwrap(), src[path], "{path}");
         }
         let i = ar.find("model-00002-of-00002.safetensors").unwrap();
-        let t = ar.files()[i]
+        let t = ar.entries()[i]
             .tensors
             .as_ref()
             .unwrap()
@@ -578,8 +576,8 @@ fn header_flips_never_yield_wrong_bytes() {
             continue;
         };
         opened += 1;
-        assert!(ar.verify(&|_| {}).is_err(), "flip at {at} passes verify");
-        for (i, fe) in ar.files().iter().enumerate() {
+        assert!(verify(&ar, &|_| {}).is_err(), "flip at {at} passes verify");
+        for (i, fe) in ar.entries().iter().enumerate() {
             let Some(want) = src.get(&fe.path) else {
                 continue;
             };

@@ -269,7 +269,7 @@ fn corrupt_archive_gives_eio_on_that_file_only() {
     // frame of its last tensor, in place (same inode), as a careless backup
     // restore would.
     let victim = m.store.join("packed_bf16_dense.safetensors.zstn");
-    let a = ckptfs::archive::Archive::open(&victim).unwrap();
+    let a = ckptfs::archive::ZstnArchive::open(&victim).unwrap();
     let last = a.records().last().unwrap().clone();
     let ckptfs::format::zstn::RecordKind::Frame { offset, len } = last.kind else {
         panic!("last record is a REF")

@@ -1,16 +1,17 @@
-//! `.blz` model archives on the command line: `pack DIR -o X.blz`, `unpack`,
-//! `info`, `verify` (dispatched here from their modules by magic or output
-//! name), and `list` and `extract`, which only exist for `.blz`.
+//! ckptfs `.blz` model archives on the command line: `pack DIR -o X.blz`
+//! and `info` (dispatched here from their modules by magic or output name),
+//! and `list` and `extract`, which only exist for `.blz` (`unpack` and
+//! `verify` work on every kind of archive through `crate::archive`).
 
 use super::{progress, Global, Result};
-use crate::blz::BlzArchive;
+use crate::archive::{ArchiveView, BlzArchive};
 use crate::blz_writer::{pack_dir, BlzOptions};
 use crate::cli::{ExtractArgs, ListArgs};
 use crate::format::blz::{FileKind, MAGIC};
 use crate::fsutil::write_atomic;
 use crate::writer::PackOptions;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -24,10 +25,7 @@ pub fn is_blz(path: &Path) -> bool {
 }
 
 pub fn open(path: &Path) -> Result<BlzArchive> {
-    BlzArchive::open(path).map_err(|e| match e {
-        crate::format::blz::BlzError::Io { .. } => e.to_string().into(),
-        e => format!("{}: {e}", path.display()).into(),
-    })
+    Ok(BlzArchive::open(path)?)
 }
 
 pub fn pack(g: Global, src: &Path, out: &Path, raw: bool, level: i32, force: bool) -> Result<()> {
@@ -66,59 +64,16 @@ pub fn pack(g: Global, src: &Path, out: &Path, raw: bool, level: i32, force: boo
     Ok(())
 }
 
-/// Default output directory: the archive name without `.blz`.
-pub fn default_output(input: &Path) -> PathBuf {
-    let s = input.to_string_lossy();
-    match s.strip_suffix(".blz") {
-        Some(base) => PathBuf::from(base),
-        None => PathBuf::from(format!("{s}.d")),
-    }
-}
-
-/// Recreates the directory. Every target is checked before anything is
-/// written, so without `force` a clash leaves the output untouched.
-pub fn unpack(g: Global, input: &Path, out: Option<PathBuf>, force: bool) -> Result<ExitCode> {
-    let a = open(input)?;
-    let out = out.unwrap_or_else(|| default_output(input));
-    if !force {
-        for f in a.files() {
-            let p = out.join(&f.path);
-            if p.symlink_metadata().is_ok() {
-                return Err(format!("{}: exists (use --force to replace it)", p.display()).into());
-            }
-        }
-    }
-    let total = a.files().iter().map(|f| f.size).sum();
-    let pb = progress(g, total, "unpack");
-    for (i, f) in a.files().iter().enumerate() {
-        let p = out.join(&f.path);
-        if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
-        write_atomic(&p, force, |w| {
-            a.write_file(i, w, &|n| pb.inc(n))
-                .map_err(std::io::Error::other)
-        })
-        .map_err(|e| format!("{}: {e}", p.display()))?;
-        // Temporary files are created 0600; a model directory is shared.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| format!("{}: {e}", p.display()))?;
-    }
-    pb.finish_and_clear();
-    Ok(ExitCode::SUCCESS)
-}
-
 pub fn info(path: &Path, json: bool) -> Result<()> {
     let a = open(path)?;
-    let raw: u64 = a.files().iter().map(|f| f.size).sum();
+    let raw: u64 = a.entries().iter().map(|f| f.size).sum();
     let shards = a
-        .files()
+        .entries()
         .iter()
         .filter(|f| f.kind == FileKind::Safetensors)
         .count();
     let tensors: usize = a
-        .files()
+        .entries()
         .iter()
         .map(|f| f.tensors.as_ref().map_or(0, |t| t.len()))
         .sum();
@@ -133,7 +88,7 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
     };
     if json {
         let files: Vec<serde_json::Value> = a
-            .files()
+            .entries()
             .iter()
             .map(|f| {
                 serde_json::json!({
@@ -163,7 +118,7 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
     println!("  format        blz v{}", crate::format::blz::VERSION);
     println!(
         "  files         {} ({shards} safetensors shards)",
-        a.files().len()
+        a.entries().len()
     );
     println!(
         "  tensors       {tensors} ({} blobs: {})",
@@ -178,7 +133,7 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
     println!("  stored bytes  {}", a.stored_len());
     println!("  ratio         {ratio:.4}");
     println!("  {:<56} {:>12} {:>8}  kind", "path", "size", "tensors");
-    for f in a.files() {
+    for f in a.entries() {
         let stored = match (&f.text, &f.base64) {
             (Some(_), _) => "file (text)",
             (_, Some(_)) => "file (base64)",
@@ -195,29 +150,10 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// One verdict line.
-pub fn verify(g: Global, path: &Path) -> Result<String> {
-    let a = open(path)?;
-    let total = a.files().iter().map(|f| f.size).sum();
-    let pb = progress(g, total, "verify");
-    let s = a.verify(&|n| pb.inc(n))?;
-    pb.finish_and_clear();
-    Ok(format!(
-        "{} files ({} shards, {} tensors in {} blobs), {} -> {} bytes, ratio {:.4}, all checksums and the data SHA-256 verified",
-        s.files,
-        s.shards,
-        s.tensors,
-        s.blobs,
-        s.raw_bytes,
-        s.stored_bytes,
-        s.raw_bytes as f64 / s.stored_bytes.max(1) as f64
-    ))
-}
-
 pub fn list(_g: Global, a: ListArgs) -> Result<ExitCode> {
     let ar = open(&a.input)?;
     let mut out = std::io::stdout().lock();
-    for f in ar.files() {
+    for f in ar.entries() {
         for t in f.tensors.as_deref().unwrap_or_default() {
             if a.filter
                 .as_ref()
@@ -248,7 +184,7 @@ pub fn list(_g: Global, a: ListArgs) -> Result<ExitCode> {
 fn find_tensor(a: &BlzArchive, spec: &str) -> Result<(usize, usize)> {
     let hits = |name: &str, file: Option<&str>| -> Vec<(usize, usize)> {
         let mut v = Vec::new();
-        for (i, f) in a.files().iter().enumerate() {
+        for (i, f) in a.entries().iter().enumerate() {
             if file.is_some_and(|p| p != f.path) {
                 continue;
             }
@@ -274,7 +210,7 @@ fn find_tensor(a: &BlzArchive, spec: &str) -> Result<(usize, usize)> {
             a.path().display(),
             found
                 .iter()
-                .map(|(i, _)| a.files()[*i].path.as_str())
+                .map(|(i, _)| a.entries()[*i].path.as_str())
                 .collect::<Vec<_>>()
                 .join(" and ")
         )
@@ -305,7 +241,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         let mut datas = Vec::with_capacity(picked.len());
         let mut off = 0u64;
         for &(i, t) in &picked {
-            let te = &ar.files()[i].tensors.as_deref().unwrap_or_default()[t];
+            let te = &ar.entries()[i].tensors.as_deref().unwrap_or_default()[t];
             if header.contains_key(&te.name) {
                 return Err(format!("tensor {:?} named twice", te.name).into());
             }
@@ -338,7 +274,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     for &(i, t) in &picked {
-        let te = &ar.files()[i].tensors.as_deref().unwrap_or_default()[t];
+        let te = &ar.entries()[i].tensors.as_deref().unwrap_or_default()[t];
         let d = ar.tensor_bytes(i, t)?;
         let p = a
             .output

@@ -1,7 +1,7 @@
 //! `ckptfs info`: what an archive holds and how well it is compressed.
 
 use super::{open_input, Global, Input, Result};
-use crate::archive::Archive;
+use crate::archive::{ArchiveView, ZstnArchive};
 use crate::codec::plane::method_name;
 use crate::format::frame::Frame;
 use crate::format::zstn::{Layout, RecordKind};
@@ -54,14 +54,14 @@ fn frame_desc(f: &Frame<'_>) -> (String, Vec<&'static str>) {
     )
 }
 
-pub fn archive_info(a: &Archive) -> crate::archive::Result<FileInfo> {
+pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
     let mut info = FileInfo {
         file: a.path().display().to_string(),
         format: "ZSTN v3",
         tensors: 0,
-        raw_bytes: a.logical_len(),
+        raw_bytes: a.len(),
         stored_bytes: a.stored_len(),
-        ratio: ratio(a.logical_len(), a.stored_len()),
+        ratio: ratio(a.len(), a.stored_len()),
         checksums: a.extension().is_some(),
         dtypes: BTreeMap::new(),
         frame_kinds: BTreeMap::new(),
@@ -229,7 +229,11 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
             continue;
         }
         let r = match open_input(path) {
-            Ok(Input::Zstn(ar)) => archive_info(&ar).map_err(|e| e.into()),
+            // Archives other than .blz are ZSTN: opened again as such for
+            // the container-level details only a .zstn has.
+            Ok(Input::Archive(_)) => ZstnArchive::open(path)
+                .and_then(|ar| archive_info(&ar))
+                .map_err(|e| e.into()),
             Ok(Input::Frame(map)) => frame_info(path, &map),
             Err(e) => Err(e),
         };

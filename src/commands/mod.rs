@@ -13,9 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-/// Decodes a whole archive into `w` (used by benchmarks and tests).
-pub fn unpack_to(a: &crate::archive::Archive, w: &mut dyn std::io::Write) -> Result<()> {
-    unpack::write_archive(a, w, &|_| {})
+/// Decodes the first file of an archive into `w` (used by benchmarks).
+pub fn unpack_to(a: &dyn crate::archive::ArchiveView, w: &mut dyn std::io::Write) -> Result<()> {
+    Ok(crate::archive::write_to(a, 0, w, &|_| {})?)
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -67,7 +67,8 @@ pub fn progress(g: Global, total: u64, msg: &str) -> ProgressBar {
 
 /// What a file holds, decided by its magic bytes.
 pub enum Input {
-    Zstn(Box<crate::archive::Archive>),
+    /// Any kind of archive ckptfs reads.
+    Archive(std::sync::Arc<dyn crate::archive::ArchiveView>),
     /// A bare codec frame (`.z4ai` as the z4ai CLI writes it).
     Frame(memmap2::Mmap),
 }
@@ -75,12 +76,14 @@ pub enum Input {
 pub fn open_input(path: &std::path::Path) -> Result<Input> {
     use std::io::Read;
     let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut magic = [0u8; 4];
+    let mut magic = [0u8; 8];
     let n = f
         .read(&mut magic)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    match &magic[..n] {
-        b"ZSTN" => Ok(Input::Zstn(Box::new(crate::archive::Archive::open(path)?))),
+    if crate::archive::Kind::detect(&magic[..n]).is_some() {
+        return Ok(Input::Archive(crate::archive::open(path)?));
+    }
+    match &magic[..n.min(4)] {
         b"Z4AI" | b"ZSP1" | b"ZPL1" => {
             // SAFETY: read-only private map of a file we only read.
             let map = unsafe { memmap2::Mmap::map(&f) }

@@ -1,11 +1,10 @@
 //! `ckptfs unpack`: restore the original file, byte for byte, atomically.
 
 use super::{open_input, progress, Global, Input, Result};
-use crate::archive::{Archive, BlockKey};
+use crate::archive::{write_to, ArchiveView};
 use crate::cli::UnpackArgs;
 use crate::format::frame::Frame;
 use crate::fsutil::write_atomic;
-use rayon::prelude::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,80 +27,80 @@ pub fn default_output(input: &Path, frame: bool) -> PathBuf {
     }
 }
 
-pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
-    if super::blz::is_blz(&a.input) {
-        return super::blz::unpack(g, &a.input, a.output, a.force);
+/// Default output directory of a model-directory archive: its name
+/// without `.blz`.
+pub fn default_dir(input: &Path) -> PathBuf {
+    let s = input.to_string_lossy();
+    match s.strip_suffix(".blz") {
+        Some(base) => PathBuf::from(base),
+        None => PathBuf::from(format!("{s}.d")),
     }
+}
+
+pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
     let input = open_input(&a.input)?;
-    let out = a
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&a.input, matches!(input, Input::Frame(_))));
-    let oname = out.display().to_string();
-    let werr = |e: std::io::Error| format!("{oname}: {e}");
     match input {
-        Input::Zstn(archive) => {
-            let pb = progress(g, archive.logical_len(), "unpack");
+        Input::Archive(archive) if !is_single_file(&*archive) => {
+            let out = a.output.unwrap_or_else(|| default_dir(&a.input));
+            unpack_dir(g, &*archive, &out, a.force)?;
+        }
+        Input::Archive(archive) => {
+            let out = a.output.unwrap_or_else(|| default_output(&a.input, false));
+            let oname = out.display().to_string();
+            let pb = progress(g, archive.logical_len(0), "unpack");
             write_atomic(&out, a.force, |w| {
-                write_archive(&archive, w, &|n| pb.inc(n)).map_err(std::io::Error::other)
+                write_to(&*archive, 0, w, &|n| pb.inc(n)).map_err(std::io::Error::other)
             })
-            .map_err(werr)?;
+            .map_err(|e| format!("{oname}: {e}"))?;
             pb.finish_and_clear();
         }
         Input::Frame(map) => {
+            let out = a.output.unwrap_or_else(|| default_output(&a.input, true));
+            let oname = out.display().to_string();
             let frame = Frame::parse(&map).map_err(|e| format!("{}: {e}", a.input.display()))?;
             let mut buf = vec![0u8; frame.decoded_len() as usize];
             frame
                 .decode(&mut buf)
                 .map_err(|e| format!("{}: {e}", a.input.display()))?;
-            write_atomic(&out, a.force, |w| w.write_all(&buf)).map_err(werr)?;
+            write_atomic(&out, a.force, |w| w.write_all(&buf))
+                .map_err(|e| format!("{oname}: {e}"))?;
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Blocks in output order: every record's unit, REFs repeating their target.
-pub fn blocks_in_order(archive: &Archive) -> crate::archive::Result<Vec<BlockKey>> {
-    let mut keys = Vec::new();
-    for (_, span, unit) in archive.segments() {
-        if span.is_empty() {
-            continue;
-        }
-        let g = archive.grid(unit)?;
-        keys.extend((0..g.blocks() as u32).map(|block| BlockKey { unit, block }));
-    }
-    Ok(keys)
+/// An archive presenting one file under its own name (a `.zstn`).
+fn is_single_file(a: &dyn ArchiveView) -> bool {
+    a.files() == 1 && a.file_path(0).is_empty()
 }
 
-/// Streams the reconstructed file: blocks are decoded in parallel windows
-/// of bounded size and written in order.
-pub fn write_archive(
-    archive: &Archive,
-    w: &mut dyn Write,
-    on_progress: &dyn Fn(u64),
-) -> std::result::Result<(), crate::commands::Error> {
-    let mut head = vec![0u8; archive.container().data_start() as usize];
-    archive.read_at(0, &mut head)?;
-    w.write_all(&head)?;
-    let keys = blocks_in_order(archive)?;
-    const WINDOW: u64 = 64 << 20;
-    let mut i = 0;
-    while i < keys.len() {
-        let mut j = i;
-        let mut bytes = 0;
-        while j < keys.len() && (j == i || bytes < WINDOW) {
-            bytes += archive.block_len(keys[j])?;
-            j += 1;
+/// Recreates a model directory. Every target is checked before anything is
+/// written, so without `force` a clash leaves the output untouched.
+fn unpack_dir(g: Global, a: &dyn ArchiveView, out: &Path, force: bool) -> Result<()> {
+    if !force {
+        for i in 0..a.files() {
+            let p = out.join(a.file_path(i));
+            if p.symlink_metadata().is_ok() {
+                return Err(format!("{}: exists (use --force to replace it)", p.display()).into());
+            }
         }
-        let decoded: Vec<Vec<u8>> = keys[i..j]
-            .par_iter()
-            .map(|k| archive.decode_block(*k))
-            .collect::<crate::archive::Result<_>>()?;
-        for d in &decoded {
-            w.write_all(d)?;
-            on_progress(d.len() as u64);
-        }
-        i = j;
     }
+    let total = (0..a.files()).map(|i| a.logical_len(i)).sum();
+    let pb = progress(g, total, "unpack");
+    for i in 0..a.files() {
+        let p = out.join(a.file_path(i));
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        write_atomic(&p, force, |w| {
+            write_to(a, i, w, &|n| pb.inc(n)).map_err(std::io::Error::other)
+        })
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+        // Temporary files are created 0600; a model directory is shared.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    pb.finish_and_clear();
     Ok(())
 }

@@ -56,6 +56,12 @@ impl FsError {
     }
 }
 
+impl From<ArchiveError> for FsError {
+    fn from(e: ArchiveError) -> Self {
+        FsError::Decode(Arc::new(e))
+    }
+}
+
 pub type Result<T> = std::result::Result<T, FsError>;
 
 #[cfg(test)]

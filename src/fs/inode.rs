@@ -27,7 +27,7 @@
 //! Lock order: `InodeTable::tables`, then an `Inode::loc`, then an
 //! `Inode::state`.
 
-use super::{ArchiveSlot, BlzSlot};
+use super::Slot;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -106,9 +106,9 @@ pub struct InodeState {
     /// The last attributes answered (served when the path was replaced).
     pub attr: Option<super::Attr>,
     /// The parsed archive of the version last seen (archives only).
-    pub archive: Option<ArchiveSlot>,
+    pub archive: Option<Slot>,
     /// The parsed `.blz` of the version last seen (`Blz` inodes only).
-    pub blz: Option<BlzSlot>,
+    pub blz: Option<Slot>,
     /// Generation of the archive version the previous open served; an open
     /// of the same generation keeps the kernel page cache.
     pub last_open_generation: Option<u64>,

@@ -54,13 +54,11 @@ pub use error::{FsError, Result};
 pub use inode::{NodeKind, ROOT_INO};
 pub use write::{Caller, SetAttr, SetTime};
 
-use crate::archive::{Archive, ArchiveError, BlockKey, Piece, PieceSource};
-use crate::blz::BlzArchive;
+use crate::archive::{self, ArchiveError, ArchiveView, BlockKey, PieceSource};
 use crate::cache::{BlockCache, CacheKey, CacheStats, FetchError};
 use inode::{Identity, Inode, InodeTable};
 use prefetch::{Policy, Sequential};
 use spool::Spool;
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, Metadata};
@@ -191,76 +189,29 @@ fn version_of(m: &Metadata) -> Version {
 }
 
 /// The parsed archive of one backing version, or why it cannot be parsed.
-#[derive(Debug)]
-pub struct Slot<A> {
+#[derive(Clone)]
+pub struct Slot {
     version: Version,
     /// Unique per process: the cache key of this version's blocks.
     generation: u64,
-    archive: std::result::Result<Arc<A>, Arc<String>>,
+    archive: std::result::Result<Arc<dyn ArchiveView>, Arc<String>>,
 }
 
-impl<A> Clone for Slot<A> {
-    fn clone(&self) -> Self {
-        Slot {
-            version: self.version,
-            generation: self.generation,
-            archive: self.archive.clone(),
-        }
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("generation", &self.generation)
+            .finish()
     }
 }
-
-/// A parsed `.zstn` version.
-pub type ArchiveSlot = Slot<Archive>;
-/// A parsed `.blz` version.
-pub type BlzSlot = Slot<BlzArchive>;
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-/// What an archive handle serves: a `.zstn`, or one file of a `.blz`.
+/// What an archive handle serves: one file of an opened archive.
 #[derive(Clone)]
-enum Served {
-    Zstn(Arc<Archive>),
-    Blz(Arc<BlzArchive>, usize),
-}
-
-type ArchiveResult<T> = std::result::Result<T, ArchiveError>;
-
-impl Served {
-    fn logical_len(&self) -> u64 {
-        match self {
-            Served::Zstn(a) => a.logical_len(),
-            Served::Blz(a, i) => a.logical_len(*i),
-        }
-    }
-    fn path(&self) -> &Path {
-        match self {
-            Served::Zstn(a) => a.path(),
-            Served::Blz(a, _) => a.path(),
-        }
-    }
-    fn plan(&self, range: std::ops::Range<u64>) -> ArchiveResult<Vec<Piece>> {
-        match self {
-            Served::Zstn(a) => a.plan(range),
-            Served::Blz(a, i) => a.plan(*i, range),
-        }
-    }
-    fn decode_block(&self, k: BlockKey) -> ArchiveResult<Vec<u8>> {
-        match self {
-            Served::Zstn(a) => a.decode_block(k),
-            Served::Blz(a, _) => a.decode_block(k),
-        }
-    }
-    fn read_with(
-        &self,
-        offset: u64,
-        buf: &mut [u8],
-        fetch: &dyn Fn(BlockKey) -> ArchiveResult<Arc<Vec<u8>>>,
-    ) -> ArchiveResult<usize> {
-        match self {
-            Served::Zstn(a) => a.read_with(offset, buf, fetch),
-            Served::Blz(a, i) => a.read_with(*i, offset, buf, fetch),
-        }
-    }
+struct Served {
+    archive: Arc<dyn ArchiveView>,
+    file: usize,
 }
 
 struct ArchiveHandle {
@@ -482,7 +433,7 @@ impl CheckpointFs {
 
     /// The parsed `.blz` of `root`'s current backing version (parsed on
     /// first sight of that version) and the backing file's metadata.
-    fn blz_slot(&self, root: &Inode) -> Result<(BlzSlot, Metadata)> {
+    fn blz_slot(&self, root: &Inode) -> Result<(Slot, Metadata)> {
         let path = self.full(root)?;
         let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
         if (m.dev(), m.ino()) != root.identity() {
@@ -499,27 +450,13 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != root.identity() {
             return Err(FsError::Stale);
         }
-        let archive = match BlzArchive::from_file(&file, &path) {
-            Ok(a) => Ok(Arc::new(a)),
-            Err(e) => {
-                log::warn!(
-                    "{}: {e} (listed as a directory; opening it fails with EIO)",
-                    path.display()
-                );
-                Err(Arc::new(e.to_string()))
-            }
-        };
-        let slot = BlzSlot {
-            version: version_of(&fm),
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            archive,
-        };
+        let slot = parse_version(&file, &fm, &path, true);
         st.blz = Some(slot.clone());
         Ok((slot, fm))
     }
 
     /// Like [`Self::blz_slot`], but an unparseable archive is EIO (logged).
-    fn blz_archive(&self, root: &Inode) -> Result<(Arc<BlzArchive>, u64, Metadata)> {
+    fn blz_archive(&self, root: &Inode) -> Result<(Arc<dyn ArchiveView>, u64, Metadata)> {
         let (slot, m) = self.blz_slot(root)?;
         match slot.archive {
             Ok(a) => Ok((a, slot.generation, m)),
@@ -623,10 +560,8 @@ impl CheckpointFs {
             let rest = p.strip_prefix(&prefix)?;
             (!rest.is_empty() && !rest.contains('/')).then(|| rest.to_string())
         };
-        let mut kids: Vec<(String, bool)> = a
-            .files()
-            .iter()
-            .filter_map(|f| child(&f.path).map(|n| (n, false)))
+        let mut kids: Vec<(String, bool)> = (0..a.files())
+            .filter_map(|f| child(a.file_path(f)).map(|n| (n, false)))
             .chain(dirs.iter().filter_map(|p| child(p).map(|n| (n, true))))
             .collect();
         kids.sort();
@@ -737,7 +672,7 @@ impl CheckpointFs {
 
     /// The parsed archive for the backing version `meta` describes,
     /// parsing it if this version has not been seen yet.
-    fn archive_slot(&self, inode: &Inode, meta: &Metadata) -> Result<ArchiveSlot> {
+    fn archive_slot(&self, inode: &Inode, meta: &Metadata) -> Result<Slot> {
         let mut st = inode.state();
         if let Some(s) = &st.archive {
             if s.version == version_of(meta) {
@@ -750,25 +685,7 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != inode.identity() {
             return Err(FsError::Stale);
         }
-        let archive = match Archive::from_file(&file, &path) {
-            Ok(a) => Ok(Arc::new(a)),
-            Err(e) => {
-                log::warn!("{e} (listed with its stored size; opening it fails with EIO)");
-                Err(Arc::new(match e {
-                    ArchiveError::Io { source, .. } => source.to_string(),
-                    ArchiveError::Container { source, .. } => source.to_string(),
-                    ArchiveError::Frame { tensor, source, .. } => {
-                        format!("tensor {tensor:?}: {source}")
-                    }
-                    ArchiveError::Integrity { what, .. } => what,
-                }))
-            }
-        };
-        let slot = ArchiveSlot {
-            version: version_of(&fm),
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            archive,
-        };
+        let slot = parse_version(&file, &fm, &path, false);
         st.archive = Some(slot.clone());
         Ok(slot)
     }
@@ -777,7 +694,7 @@ impl CheckpointFs {
         let kind = inode.kind();
         let size = match kind {
             NodeKind::Archive => match &self.archive_slot(inode, meta)?.archive {
-                Ok(a) => a.logical_len(),
+                Ok(a) => a.logical_len(0),
                 Err(_) => meta.len(),
             },
             NodeKind::Directory | NodeKind::Plain | NodeKind::Blz | NodeKind::Staged { .. } => {
@@ -991,7 +908,10 @@ impl CheckpointFs {
                 };
                 let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
                     ino,
-                    archive: Served::Blz(archive, index),
+                    archive: Served {
+                        archive,
+                        file: index,
+                    },
                     generation,
                     seq: Mutex::new(Sequential::default()),
                 }));
@@ -1028,7 +948,7 @@ impl CheckpointFs {
                 };
                 let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
                     ino,
-                    archive: Served::Zstn(archive),
+                    archive: Served { archive, file: 0 },
                     generation: slot.generation,
                     seq: Mutex::new(Sequential::default()),
                 }));
@@ -1061,8 +981,8 @@ impl CheckpointFs {
     }
 
     fn read_archive(&self, h: &ArchiveHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let archive = &h.archive;
-        let len = archive.logical_len();
+        let Served { archive, file } = &h.archive;
+        let len = archive.logical_len(*file);
         if offset >= len {
             return Ok(Vec::new());
         }
@@ -1076,35 +996,24 @@ impl CheckpointFs {
             self.prefetch(h, range);
         }
         let mut buf = vec![0u8; n as usize];
-        let failed: RefCell<Option<FsError>> = RefCell::new(None);
-        let fetch = |k: BlockKey| {
+        let mut fetch = |k: BlockKey| -> Result<Arc<Vec<u8>>> {
             let key = CacheKey {
                 generation: h.generation,
                 block: k,
             };
             self.cache
                 .get_or_load(key, || archive.decode_block(k))
-                .map_err(|e| {
-                    *failed.borrow_mut() = Some(match e {
-                        FetchError::Load(e) => FsError::Decode(e),
-                        FetchError::Panicked => FsError::DecodePanicked,
-                    });
-                    // Placeholder; the shared error above is what we report.
-                    ArchiveError::Integrity {
-                        path: archive.path().to_path_buf(),
-                        what: "block fetch failed".into(),
-                    }
+                .map_err(|e| match e {
+                    FetchError::Load(e) => FsError::Decode(e),
+                    FetchError::Panicked => FsError::DecodePanicked,
                 })
         };
-        match archive.read_with(offset, &mut buf, &fetch) {
+        match archive::read_with(&**archive, *file, offset, &mut buf, &mut fetch) {
             Ok(k) => {
                 buf.truncate(k);
                 Ok(buf)
             }
-            Err(e) => {
-                let err = failed
-                    .into_inner()
-                    .unwrap_or_else(|| FsError::Decode(Arc::new(e)));
+            Err(err) => {
                 log::error!("read at {offset}+{n}: {err}");
                 Err(err)
             }
@@ -1113,7 +1022,7 @@ impl CheckpointFs {
 
     /// Decodes the blocks of `range` into the cache on the rayon pool.
     fn prefetch(&self, h: &ArchiveHandle, range: std::ops::Range<u64>) {
-        let pieces = match h.archive.plan(range) {
+        let pieces = match archive::plan(&*h.archive.archive, h.archive.file, range) {
             Ok(p) => p,
             Err(e) => {
                 log::debug!("prefetch plan: {e}");
@@ -1137,7 +1046,7 @@ impl CheckpointFs {
                 continue;
             }
             let cache = self.cache.clone();
-            let archive = h.archive.clone();
+            let archive = h.archive.archive.clone();
             rayon::spawn(move || {
                 if let Some(Err(FetchError::Load(e))) =
                     cache.load_if_absent(key, || archive.decode_block(k))
@@ -1293,21 +1202,13 @@ impl CheckpointFs {
                 let ratio = if a.stored_len() == 0 {
                     1.0
                 } else {
-                    a.logical_len() as f64 / a.stored_len() as f64
+                    a.logical_len(0) as f64 / a.stored_len() as f64
                 };
                 vec![
                     (XATTR_STORED_SIZE, a.stored_len().to_string()),
                     (XATTR_RATIO, format!("{ratio:.3}")),
-                    (XATTR_FORMAT, "zstn-v3".to_string()),
-                    (
-                        XATTR_CHECKSUMS,
-                        if a.extension().is_some() {
-                            "ckx1"
-                        } else {
-                            "none"
-                        }
-                        .to_string(),
-                    ),
+                    (XATTR_FORMAT, a.kind().format_name().to_string()),
+                    (XATTR_CHECKSUMS, a.checksums().unwrap_or("none").to_string()),
                 ]
             }
             Err(reason) => vec![
@@ -1366,6 +1267,38 @@ impl CheckpointFs {
             namelen: s.f_namemax as u32,
             frsize: s.f_frsize as u32,
         })
+    }
+}
+
+/// Parses one backing version of an archive (whatever its kind, by its
+/// magic). `directory`: presented as a directory of files (`X.blz`), else
+/// as one file; an archive of the other shape is refused. An archive that
+/// cannot be parsed is logged once per version and kept as the reason.
+fn parse_version(file: &File, meta: &Metadata, path: &Path, directory: bool) -> Slot {
+    let shown = if directory {
+        "listed as a directory"
+    } else {
+        "listed with its stored size"
+    };
+    let archive = archive::from_file(file, path).and_then(|a| {
+        let single = a.files() == 1 && a.file_path(0).is_empty();
+        match (directory, single) {
+            (true, true) => {
+                Err(a.integrity("a single-file archive named as a model directory".into()))
+            }
+            (false, false) => {
+                Err(a.integrity("a model-directory archive named as a single file".into()))
+            }
+            _ => Ok(a),
+        }
+    });
+    Slot {
+        version: version_of(meta),
+        generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        archive: archive.map_err(|e| {
+            log::warn!("{e} ({shown}; opening it fails with EIO)");
+            Arc::new(e.reason())
+        }),
     }
 }
 

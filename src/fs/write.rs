@@ -36,7 +36,7 @@ use super::spool::{Entry as SpoolEntry, Spool};
 use super::{
     not_found_is, Attr, CheckpointFs, Entry, FsError, Handle, Opened, PlainHandle, Result,
 };
-use crate::archive::Archive;
+use crate::archive::ArchiveView;
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::{self, Write};
@@ -653,7 +653,7 @@ impl CheckpointFs {
                 std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()))?;
             }
             if let Some(a) = &archive {
-                copy_up(a, &file)?;
+                copy_up(&**a, &file)?;
             }
             Ok(())
         };
@@ -1181,14 +1181,14 @@ impl CheckpointFs {
 
 /// Decodes all of `a` into `out` (copy-up of an archive opened for
 /// writing).
-fn copy_up(a: &Archive, out: &File) -> Result<()> {
-    let len = a.logical_len();
+fn copy_up(a: &dyn ArchiveView, out: &File) -> Result<()> {
+    let len = a.logical_len(0);
     let mut buf = vec![0u8; 16 << 20];
     let mut off = 0u64;
     while off < len {
         let n = ((len - off) as usize).min(buf.len());
         let got = a
-            .read_at(off, &mut buf[..n])
+            .read_at(0, off, &mut buf[..n])
             .map_err(|e| FsError::Decode(Arc::new(e)))?;
         if got == 0 {
             return Err(errno(libc::EIO));

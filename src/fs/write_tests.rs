@@ -97,9 +97,9 @@ fn spool_names(store: &Path) -> Vec<String> {
 }
 
 fn unpack(path: &Path) -> Vec<u8> {
-    let a = crate::archive::Archive::open(path).unwrap();
-    let mut buf = vec![0u8; a.logical_len() as usize];
-    assert_eq!(a.read_at(0, &mut buf).unwrap(), buf.len());
+    let a = crate::archive::open(path).unwrap();
+    let mut buf = vec![0u8; a.logical_len(0) as usize];
+    assert_eq!(a.read_at(0, 0, &mut buf).unwrap(), buf.len());
     buf
 }
 

@@ -1,0 +1,584 @@
+//! An opened ckptfs `.blz` model archive: the validated header over a
+//! memory map, presenting every file of the model directory.
+//!
+//! Opening maps the file and parses the prelude and header JSON only
+//! ([`format::blz::parse`] checks every offset, length, path and reference).
+//! Every file is `prefix ‖ segments` ([`super::ArchiveView`]):
+//! - the *prefix* is held in memory: `u64 hlen ‖ header` for a shard, the
+//!   whole content for an embedded file. It is built on first use and its
+//!   digest checked then (`safetensors_header_xxh3`, the file's `xxh3`), so
+//!   a damaged sidecar or shard header fails only reads of that file;
+//! - each *segment* is one blob (a tensor, a shard's whole data buffer, a
+//!   large plain file), read block by block.
+//!
+//! A unit is a blob: blobs are unique across the whole archive, so tensors
+//! shared by several shards share cache entries. Block reads check the
+//! block's digests (payload before decoding, data after). The data-section
+//! SHA-256 is checked by `verify` only. The header digest is checked at
+//! open; when it fails, every segment is checked against its tensor's or
+//! file's own digest before it is served (see `trusted`).
+
+use super::frame_block::{decode_frame_block, frame_grid, BlockError, GridError};
+use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
+use crate::codec::CodecError;
+use crate::format::blz::{
+    self, BlobEntry, BlzError, Encoding, FileEntry, FileKind, Header as BlzHeader, Parsed,
+};
+use crate::format::safetensors::Header as StHeader;
+use base64::Engine as _;
+use sha2::{Digest as _, Sha256};
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// One blob: its grid, built and checked on first use.
+struct Unit {
+    /// The first file (and tensor) that uses it, for messages.
+    name: String,
+    grid: OnceLock<std::result::Result<Arc<Grid>, GridError>>,
+}
+
+/// What a segment's decoded bytes must hash to: (range within the
+/// segment, xxh3) pairs (one per tensor, or the whole file).
+type Expect = Vec<(Range<u64>, u64)>;
+
+struct Slot {
+    prefix_len: u64,
+    /// Non-empty segments in file order, contiguous from `prefix_len`.
+    segments: Vec<Segment>,
+    /// Per segment, its digests.
+    expect: Vec<Expect>,
+    prefix: OnceLock<std::result::Result<Vec<u8>, String>>,
+    /// Per segment, whether its bytes match the header's digests; only
+    /// used when the header digest failed at open (`trusted` false).
+    checked: Vec<OnceLock<std::result::Result<(), String>>>,
+}
+
+pub struct BlzArchive {
+    path: PathBuf,
+    map: Backing,
+    parsed: Parsed,
+    units: Vec<Unit>,
+    slots: Vec<Slot>,
+    /// The header digest matched at open. When it did not, the header's
+    /// structure (which blob holds what) cannot be trusted either: a
+    /// flipped blob index would serve another tensor of the same length,
+    /// whose blocks check out. Every segment is then checked against its
+    /// own tensor or file digest before its first byte is served, so a
+    /// damaged header fails only the reads it actually affects.
+    trusted: bool,
+}
+
+impl std::fmt::Debug for BlzArchive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlzArchive")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl BlzArchive {
+    /// Opens a ckptfs `.blz` (any kind of archive: [`super::open`]).
+    pub fn open(path: &Path) -> Result<BlzArchive> {
+        let io = |source| ArchiveError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        BlzArchive::from_backing(Backing::map(&file).map_err(io)?, path)
+    }
+
+    /// An archive over bytes in memory; `name` is used in messages.
+    pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<BlzArchive> {
+        BlzArchive::from_backing(Backing::Owned(bytes), name)
+    }
+
+    pub(crate) fn from_backing(map: Backing, path: &Path) -> Result<BlzArchive> {
+        let parsed = blz::parse(map.bytes()).map_err(|source| ArchiveError::Blz {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let h = &parsed.header;
+        let mut names: Vec<Option<String>> = vec![None; h.blobs.len()];
+        let mut name = |i: u32, n: &dyn Fn() -> String| {
+            let slot = &mut names[i as usize];
+            if slot.is_none() {
+                *slot = Some(n());
+            }
+        };
+        let mut slots = Vec::with_capacity(h.files.len());
+        for f in &h.files {
+            let mut segments = Vec::new();
+            let prefix_len;
+            match f.kind {
+                FileKind::File => match f.blob {
+                    Some(b) => {
+                        prefix_len = 0;
+                        name(b, &|| f.path.clone());
+                        segments.push((
+                            Segment {
+                                start: 0,
+                                len: f.size,
+                                unit: b,
+                            },
+                            f.xxh3.map(|d| (0..f.size, d.0)).into_iter().collect(),
+                        ));
+                    }
+                    None => prefix_len = f.size,
+                },
+                FileKind::Safetensors => {
+                    let sh = f.safetensors_header.as_deref().unwrap_or_default();
+                    prefix_len = 8 + sh.len() as u64;
+                    let dlen = f.data_length.unwrap_or_default();
+                    match f.data_blob {
+                        Some(b) => {
+                            name(b, &|| format!("{}: data buffer", f.path));
+                            segments.push((
+                                Segment {
+                                    start: prefix_len,
+                                    len: dlen,
+                                    unit: b,
+                                },
+                                f.tensors
+                                    .as_deref()
+                                    .unwrap_or_default()
+                                    .iter()
+                                    .map(|t| (t.data_offsets[0]..t.data_offsets[1], t.xxh3.0))
+                                    .collect(),
+                            ));
+                        }
+                        None => {
+                            for t in f.tensors.as_deref().unwrap_or_default() {
+                                let b = t.blob.expect("validated");
+                                name(b, &|| format!("{}: tensor {:?}", f.path, t.name));
+                                segments.push((
+                                    Segment {
+                                        start: prefix_len + t.data_offsets[0],
+                                        len: t.len(),
+                                        unit: b,
+                                    },
+                                    vec![(0..t.len(), t.xxh3.0)],
+                                ));
+                            }
+                        }
+                    }
+                    segments.retain(|(s, _)| s.len > 0);
+                }
+            }
+            let (segments, expect): (Vec<Segment>, Vec<Expect>) = segments.into_iter().unzip();
+            slots.push(Slot {
+                prefix_len,
+                checked: (0..segments.len()).map(|_| OnceLock::new()).collect(),
+                segments,
+                expect,
+                prefix: OnceLock::new(),
+            });
+        }
+        let units = names
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| Unit {
+                name: n.unwrap_or_else(|| format!("blob {i} (unused)")),
+                grid: OnceLock::new(),
+            })
+            .collect();
+        let r = &parsed.header_json;
+        let trusted =
+            blz::check_header_digest(&map.bytes()[r.start as usize..r.end as usize]).is_ok();
+        if !trusted {
+            log::warn!(
+                "{}: header digest mismatch; every tensor and file is checked against its own \
+                 digest before it is served",
+                path.display()
+            );
+        }
+        Ok(BlzArchive {
+            path: path.to_path_buf(),
+            map,
+            parsed,
+            units,
+            slots,
+            trusted,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.bytes()
+    }
+
+    pub fn header(&self) -> &BlzHeader {
+        &self.parsed.header
+    }
+    /// Files in header order (sorted by path when ckptfs wrote them).
+    pub fn entries(&self) -> &[FileEntry] {
+        &self.parsed.header.files
+    }
+    pub fn blob(&self, unit: u32) -> &BlobEntry {
+        &self.parsed.header.blobs[unit as usize]
+    }
+    /// Stored bytes of a blob.
+    pub fn blob_bytes(&self, unit: u32) -> &[u8] {
+        let b = self.blob(unit);
+        let s = (self.parsed.data_start + b.offset) as usize;
+        &self.bytes()[s..s + b.length as usize]
+    }
+    fn data(&self) -> &[u8] {
+        &self.bytes()[self.parsed.data_start as usize..]
+    }
+
+    fn frame_err(&self, unit: u32, source: CodecError) -> ArchiveError {
+        ArchiveError::Frame {
+            path: self.path.clone(),
+            tensor: self.units[unit as usize].name.clone(),
+            source,
+        }
+    }
+
+    fn unit_integrity(&self, unit: u32, what: String) -> ArchiveError {
+        self.integrity(format!("{}: {what}", self.unit_name(unit)))
+    }
+
+    fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
+        let b = self.blob(unit);
+        let declared: Vec<u64> = std::iter::once(0)
+            .chain(b.blocks.iter().map(|k| k.end))
+            .collect();
+        match b.encoding {
+            Encoding::Raw => Ok(Arc::new(Grid::plain(declared))),
+            Encoding::Z4aiFrame => {
+                let (grid, meta) = frame_grid(self.blob_bytes(unit), b.decoded_length)
+                    .map_err(GridError::Codec)?;
+                if grid.bounds != declared {
+                    return Err(GridError::Integrity(
+                        "block layout of the frame differs from the header".into(),
+                    ));
+                }
+                if Some(meta) != b.meta.map(|d| d.0) {
+                    return Err(GridError::Integrity(
+                        "checksum mismatch in frame headers or tables".into(),
+                    ));
+                }
+                Ok(Arc::new(grid))
+            }
+        }
+    }
+
+    /// Checks every segment of file `i` overlapping `range` against the
+    /// header's digests (decoding it whole, once).
+    fn check_segments(&self, i: usize, range: Range<u64>) -> Result<()> {
+        let slot = &self.slots[i];
+        for (k, seg) in slot.segments.iter().enumerate() {
+            if seg.start >= range.end || seg.start + seg.len <= range.start {
+                continue;
+            }
+            let r = slot.checked[k].get_or_init(|| {
+                let grid = self.grid(seg.unit).map_err(|e| e.to_string())?;
+                let mut bytes = Vec::with_capacity(seg.len as usize);
+                for b in 0..grid.blocks() {
+                    let d = self
+                        .decode_block(BlockKey {
+                            unit: seg.unit,
+                            block: b as u32,
+                        })
+                        .map_err(|e| e.to_string())?;
+                    bytes.extend_from_slice(&d);
+                }
+                for (r, want) in &slot.expect[k] {
+                    let part = bytes
+                        .get(r.start as usize..r.end as usize)
+                        .ok_or_else(|| "range outside its blob".to_string())?;
+                    if xxh3_64(part) != *want {
+                        return Err("checksum mismatch (the header is damaged)".to_string());
+                    }
+                }
+                Ok(())
+            });
+            if let Err(what) = r {
+                return Err(self.integrity(format!(
+                    "{}: bytes {}..{}: {what}",
+                    self.entries()[i].path,
+                    seg.start,
+                    seg.start + seg.len
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The raw bytes of tensor `t` of shard `i`, decoding only the blocks
+    /// that hold it, checked against the tensor's xxh3.
+    pub fn tensor_bytes(&self, i: usize, t: usize) -> Result<Vec<u8>> {
+        let f = &self.entries()[i];
+        let te = &f.tensors.as_deref().unwrap_or_default()[t];
+        let mut out = vec![0u8; te.len() as usize];
+        let start = self.slots[i].prefix_len + te.data_offsets[0];
+        self.read_at(i, start, &mut out)?;
+        if xxh3_64(&out) != te.xxh3.0 {
+            return Err(self.integrity(format!(
+                "{}: tensor {:?}: checksum mismatch",
+                f.path, te.name
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Checks the header digest.
+    pub fn verify_header(&self) -> Result<()> {
+        let r = &self.parsed.header_json;
+        blz::check_header_digest(&self.bytes()[r.start as usize..r.end as usize])
+            .map_err(|e| self.integrity(e.to_string()))
+    }
+
+    /// Checks the SHA-256 of the data section.
+    pub fn verify_data_sha256(&self) -> Result<()> {
+        let data = self.data();
+        let mut h = Sha256::new();
+        for c in data.chunks(16 << 20) {
+            h.update(c);
+        }
+        let got = hex(&h.finalize());
+        if got != self.header().data_sha256 {
+            return Err(self.integrity(BlzError::DataDigest.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// The in-memory prefix of a file, its digest and (for shards) the original
+/// header's agreement with the tensor list checked.
+fn build_prefix(f: &FileEntry) -> std::result::Result<Vec<u8>, String> {
+    match f.kind {
+        FileKind::Safetensors => {
+            let sh = f.safetensors_header.as_deref().unwrap_or_default();
+            if Some(xxh3_64(sh.as_bytes())) != f.safetensors_header_xxh3.map(|d| d.0) {
+                return Err("checksum mismatch in the safetensors header".into());
+            }
+            let dlen = f.data_length.unwrap_or_default();
+            let h = StHeader::parse(sh.as_bytes(), dlen)
+                .map_err(|e| format!("stored safetensors header: {e}"))?;
+            let tensors = f.tensors.as_deref().unwrap_or_default();
+            let mut mine: Vec<(u64, u64, &str, &str, &[u64])> = tensors
+                .iter()
+                .map(|t| {
+                    (
+                        t.data_offsets[0],
+                        t.data_offsets[1],
+                        t.name.as_str(),
+                        t.dtype.as_str(),
+                        t.shape.as_slice(),
+                    )
+                })
+                .collect();
+            let mut theirs: Vec<(u64, u64, &str, &str, &[u64])> = h
+                .tensors
+                .iter()
+                .map(|t| {
+                    (
+                        t.begin,
+                        t.end,
+                        t.name.as_str(),
+                        t.dtype.as_str(),
+                        t.shape.as_slice(),
+                    )
+                })
+                .collect();
+            mine.sort();
+            theirs.sort();
+            if mine != theirs {
+                return Err("the tensor list differs from the stored safetensors header".into());
+            }
+            let mut v = Vec::with_capacity(8 + sh.len());
+            v.extend_from_slice(&(sh.len() as u64).to_le_bytes());
+            v.extend_from_slice(sh.as_bytes());
+            Ok(v)
+        }
+        FileKind::File => {
+            let content = match (&f.text, &f.base64) {
+                (Some(t), _) => t.as_bytes().to_vec(),
+                (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| format!("invalid base64 content: {e}"))?,
+                // Stored in a blob: no prefix, checked by its blocks.
+                (None, None) => return Ok(Vec::new()),
+            };
+            if content.len() as u64 != f.size || Some(xxh3_64(&content)) != f.xxh3.map(|d| d.0) {
+                return Err("checksum mismatch in the embedded content".into());
+            }
+            Ok(content)
+        }
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl ArchiveView for BlzArchive {
+    fn kind(&self) -> Kind {
+        Kind::Blz
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn stored_len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+    fn checksums(&self) -> Option<&'static str> {
+        Some("xxh3")
+    }
+    fn files(&self) -> usize {
+        self.slots.len()
+    }
+    fn file_path(&self, file: usize) -> &str {
+        &self.entries()[file].path
+    }
+    fn logical_len(&self, file: usize) -> u64 {
+        self.entries()[file].size
+    }
+    /// Built and checked on first use.
+    fn prefix(&self, file: usize) -> Result<&[u8]> {
+        let f = &self.entries()[file];
+        match self.slots[file].prefix.get_or_init(|| build_prefix(f)) {
+            Ok(p) => Ok(p),
+            Err(what) => Err(self.integrity(format!("{}: {what}", f.path))),
+        }
+    }
+    fn prefix_len(&self, file: usize) -> u64 {
+        self.slots[file].prefix_len
+    }
+    fn segments(&self, file: usize) -> &[Segment] {
+        &self.slots[file].segments
+    }
+    fn units(&self) -> usize {
+        self.units.len()
+    }
+    fn unit_name(&self, unit: u32) -> &str {
+        &self.units[unit as usize].name
+    }
+
+    /// The block grid of a blob (built and checked once, then shared).
+    fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
+        let Some(u) = self.units.get(unit as usize) else {
+            return Err(self.integrity(format!("no blob {unit}")));
+        };
+        u.grid
+            .get_or_init(|| self.build_grid(unit))
+            .clone()
+            .map_err(|e| match e {
+                GridError::Codec(e) => self.frame_err(unit, e),
+                GridError::Integrity(what) => self.unit_integrity(unit, what),
+            })
+    }
+
+    /// Decodes one block of a blob, checking its digests.
+    fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
+        if key.unit as usize >= self.units.len() {
+            return Err(self.integrity(format!("no blob {}", key.unit)));
+        }
+        let grid = self.grid(key.unit)?;
+        let b = key.block as usize;
+        if b >= grid.blocks() {
+            return Err(self.frame_err(
+                key.unit,
+                CodecError::invalid("block", format!("no block {b}")),
+            ));
+        }
+        let span = grid.span(b);
+        let blob = self.blob(key.unit);
+        let bytes = self.blob_bytes(key.unit);
+        let expect = &blob.blocks[b];
+        let out = match blob.encoding {
+            Encoding::Raw => bytes[span.start as usize..span.end as usize].to_vec(),
+            Encoding::Z4aiFrame => {
+                // Frames always carry a payload digest.
+                let Some(want) = expect.payload.map(|d| d.0) else {
+                    return Err(
+                        self.unit_integrity(key.unit, format!("block {b} has no payload checksum"))
+                    );
+                };
+                decode_frame_block(bytes, &grid, b, Some(want)).map_err(|e| match e {
+                    BlockError::Codec(e) => self.frame_err(key.unit, e),
+                    BlockError::Payload => self.unit_integrity(
+                        key.unit,
+                        format!("checksum mismatch in the compressed bytes of block {b}"),
+                    ),
+                })?
+            }
+        };
+        if xxh3_64(&out) != expect.data.0 {
+            return Err(self.unit_integrity(
+                key.unit,
+                format!("checksum mismatch in the decoded bytes of block {b}"),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn check_range(&self, file: usize, range: Range<u64>) -> Result<()> {
+        if self.trusted {
+            return Ok(());
+        }
+        self.check_segments(file, range)
+    }
+
+    fn verify_structure(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn verify_unit(&self, unit: u32, digest: u64) -> Result<()> {
+        if digest != self.blob(unit).xxh3.0 {
+            return Err(self.unit_integrity(unit, "checksum mismatch (blob xxh3)".into()));
+        }
+        Ok(())
+    }
+
+    /// Every file's and tensor's xxh3 (from the blob digests), the header
+    /// digest, the data SHA-256.
+    fn verify_finish(&self, digests: &[u64]) -> Result<String> {
+        let (mut raw_bytes, mut shards, mut tensors_n) = (0u64, 0usize, 0usize);
+        for (i, f) in self.entries().iter().enumerate() {
+            raw_bytes += f.size;
+            match f.kind {
+                FileKind::File => {
+                    if let Some(b) = f.blob {
+                        if Some(digests[b as usize]) != f.xxh3.map(|d| d.0) {
+                            return Err(self.integrity(format!("{}: checksum mismatch", f.path)));
+                        }
+                    }
+                }
+                FileKind::Safetensors => {
+                    shards += 1;
+                    let tensors = f.tensors.as_deref().unwrap_or_default();
+                    tensors_n += tensors.len();
+                    for (t, te) in tensors.iter().enumerate() {
+                        let ok = match te.blob {
+                            Some(b) => digests[b as usize] == te.xxh3.0,
+                            None => self.tensor_bytes(i, t).is_ok(),
+                        };
+                        if !ok {
+                            return Err(self.integrity(format!(
+                                "{}: tensor {:?}: checksum mismatch",
+                                f.path, te.name
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        self.verify_header()?;
+        self.verify_data_sha256()?;
+        let stored = self.stored_len();
+        Ok(format!(
+            "{} files ({} shards, {} tensors in {} blobs), {} -> {} bytes, ratio {:.4}, all checksums and the data SHA-256 verified",
+            self.files(),
+            shards,
+            tensors_n,
+            self.units(),
+            raw_bytes,
+            stored,
+            raw_bytes as f64 / stored.max(1) as f64
+        ))
+    }
+}

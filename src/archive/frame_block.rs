@@ -1,0 +1,141 @@
+//! Blocks of a ckptfs frame: the [`Grid`] that cuts a frame's decoded bytes
+//! into independently decodable blocks, and the decoding of one block with
+//! its compressed bytes checked first. Shared by every kind of archive
+//! whose units are frames (`.zstn` units, `.blz` blobs).
+//!
+//! A frame whose planes are all block-structured (what ckptfs writes) has
+//! sub-tensor blocks of whole elements; any other frame (most z4ai frames)
+//! is one block.
+
+use crate::codec::CodecError;
+use crate::format::ckx;
+use crate::format::frame::{block_grid, Frame, RansTables};
+use std::ops::Range;
+
+/// Block boundaries of one unit, in decoded bytes of that unit. The last
+/// boundary equals the unit's decoded length.
+#[derive(Debug)]
+pub struct Grid {
+    pub bounds: Vec<u64>,
+    /// Element size for sub-tensor blocks; 0 when the unit is one block.
+    pub(crate) elem_bytes: u64,
+    pub(crate) tables: RansTables,
+}
+
+impl Grid {
+    /// A grid of plain byte ranges (stored, not encoded).
+    pub(crate) fn plain(bounds: Vec<u64>) -> Grid {
+        Grid {
+            bounds,
+            elem_bytes: 0,
+            tables: RansTables::default(),
+        }
+    }
+    pub fn blocks(&self) -> usize {
+        self.bounds.len() - 1
+    }
+    pub fn span(&self, b: usize) -> Range<u64> {
+        self.bounds[b]..self.bounds[b + 1]
+    }
+    /// The block holding unit byte `pos`.
+    pub fn block_of(&self, pos: u64) -> usize {
+        match self.bounds.binary_search(&pos) {
+            Ok(i) => i.min(self.blocks() - 1),
+            Err(i) => i - 1,
+        }
+    }
+}
+
+/// Why a unit's grid could not be built; kept (cloned) for every later use.
+#[derive(Debug, Clone)]
+pub(crate) enum GridError {
+    Codec(CodecError),
+    Integrity(String),
+}
+
+impl From<CodecError> for GridError {
+    fn from(e: CodecError) -> Self {
+        GridError::Codec(e)
+    }
+}
+
+/// Parses a frame into its block grid (checking that it decodes to
+/// `decoded_len`) and the CKX1 meta digest of its non-payload bytes.
+pub(crate) fn frame_grid(bytes: &[u8], decoded_len: u64) -> Result<(Grid, u64), CodecError> {
+    let frame = Frame::parse(bytes)?;
+    if frame.decoded_len() != decoded_len {
+        return Err(CodecError::LengthMismatch {
+            what: "frame",
+            got: frame.decoded_len(),
+            expected: decoded_len,
+        });
+    }
+    let (bounds, elem_bytes, access) = block_grid(&frame, decoded_len)?;
+    let meta = ckx::meta_digest(bytes, access.as_ref(), &bounds, elem_bytes);
+    let tables = match &access {
+        Some(a) => a.load_tables()?,
+        None => RansTables::default(),
+    };
+    Ok((
+        Grid {
+            bounds,
+            elem_bytes,
+            tables,
+        },
+        meta,
+    ))
+}
+
+/// Why a frame block could not be decoded.
+pub(crate) enum BlockError {
+    Codec(CodecError),
+    /// The compressed bytes do not match their checksum.
+    Payload,
+}
+
+/// Decodes block `b` of a frame laid out as `grid` says. With
+/// `payload_digest`, the block's compressed bytes are checked against it
+/// before anything is decoded.
+pub(crate) fn decode_frame_block(
+    bytes: &[u8],
+    grid: &Grid,
+    b: usize,
+    payload_digest: Option<u64>,
+) -> Result<Vec<u8>, BlockError> {
+    let frame = Frame::parse(bytes).map_err(BlockError::Codec)?;
+    let access = if grid.elem_bytes == 0 {
+        None
+    } else {
+        frame.element_access().map_err(BlockError::Codec)?
+    };
+    if let Some(want) = payload_digest {
+        let ranges = ckx::block_payload(
+            access.as_ref(),
+            bytes.len(),
+            &grid.bounds,
+            grid.elem_bytes,
+            b,
+        );
+        if ckx::hash_ranges(bytes, &ranges) != want {
+            return Err(BlockError::Payload);
+        }
+    }
+    let span = grid.span(b);
+    let mut out = vec![0u8; (span.end - span.start) as usize];
+    match &access {
+        None => frame.decode(&mut out).map_err(BlockError::Codec)?,
+        Some(access) => {
+            let eb = grid.elem_bytes;
+            let body = access.frame.body_len();
+            let b_body = span.end.min(body);
+            let (body_part, tail_part) = out.split_at_mut((b_body - span.start) as usize);
+            access
+                .decode_elements(span.start / eb, b_body / eb, &grid.tables, body_part)
+                .map_err(BlockError::Codec)?;
+            // The last block carries the tail.
+            let tail = access.frame.tail;
+            tail_part.copy_from_slice(&tail[tail.len() - tail_part.len()..]);
+        }
+    }
+    Ok(out)
+}

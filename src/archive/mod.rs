@@ -1,0 +1,492 @@
+//! Opened archives, whatever their kind, behind one trait.
+//!
+//! An archive presents one or more *files* (a `.zstn` presents one, the
+//! `.safetensors` it reconstructs; a `.blz` presents a whole model
+//! directory). Every presented file has the same shape:
+//!
+//! ```text
+//! file = prefix ‖ segment ‖ segment ‖ ...
+//! ```
+//!
+//! - the *prefix* is held in memory (a safetensors header, an embedded
+//!   sidecar);
+//! - each [`Segment`] is the decoded bytes of one *unit* (a frame, a blob),
+//!   and a unit is cut into independently decodable *blocks* by its
+//!   [`Grid`]. A block is named by a [`BlockKey`] (unit, block), unique
+//!   within the archive, which is what caches store.
+//!
+//! A kind of archive implements [`ArchiveView`]: its files, their prefixes
+//! and segments, its units' grids, and how to decode (and check) one block.
+//! Everything else is written once, here, on top of the trait: [`plan`] (a
+//! byte range to blocks), [`read_with`] (through any block fetcher, such as
+//! the mount's cache), [`write_to`] (streaming unpack), [`verify`].
+//! Adding a kind of archive means adding one module and one arm in
+//! [`open`].
+//!
+//! Kinds: [`zstn`] (z4ai's ZSTN container, ckptfs-written or z4ai-written)
+//! and [`blz`] (ckptfs's model-directory archive). Frame blocks shared by
+//! both live in [`frame_block`]; the bytes of an archive in [`backing`].
+
+pub mod backing;
+pub mod blz;
+pub mod frame_block;
+pub mod zstn;
+
+pub use backing::Backing;
+pub use blz::BlzArchive;
+pub use frame_block::Grid;
+pub use zstn::ZstnArchive;
+
+use crate::codec::CodecError;
+use crate::format::zstn::ZstnError;
+use rayon::prelude::*;
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thiserror::Error;
+use xxhash_rust::xxh3::Xxh3;
+
+#[derive(Debug, Error)]
+pub enum ArchiveError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Container { path: PathBuf, source: ZstnError },
+    #[error("{path}: {source}")]
+    Blz {
+        path: PathBuf,
+        source: crate::format::blz::BlzError,
+    },
+    #[error("{path}: tensor {tensor:?}: {source}")]
+    Frame {
+        path: PathBuf,
+        tensor: String,
+        source: CodecError,
+    },
+    #[error("{path}: {what}")]
+    Integrity { path: PathBuf, what: String },
+    /// Not a kind of archive ckptfs reads.
+    #[error("{path}: {what}")]
+    Unrecognised { path: PathBuf, what: String },
+}
+
+impl ArchiveError {
+    /// The message without the archive's path (the mount logs and
+    /// answers it beside the path it already names).
+    pub fn reason(&self) -> String {
+        match self {
+            ArchiveError::Io { source, .. } => source.to_string(),
+            ArchiveError::Container { source, .. } => source.to_string(),
+            ArchiveError::Blz { source, .. } => source.to_string(),
+            ArchiveError::Frame { tensor, source, .. } => format!("tensor {tensor:?}: {source}"),
+            ArchiveError::Integrity { what, .. } | ArchiveError::Unrecognised { what, .. } => {
+                what.clone()
+            }
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ArchiveError>;
+
+/// Identifies one decodable block: a unit and a block within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey {
+    pub unit: u32,
+    pub block: u32,
+}
+
+/// One unit as part of a presented file: file bytes
+/// `[start, start + len)` are the unit's decoded bytes `[0, len)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u64,
+    pub len: u64,
+    pub unit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PieceSource {
+    Prefix,
+    Block(BlockKey),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub source: PieceSource,
+    /// Range inside the source (prefix bytes, or the block's decoded bytes).
+    pub within: Range<u64>,
+    /// Where it goes in the caller's buffer.
+    pub out_offset: u64,
+}
+
+/// The kinds of archive ckptfs reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// z4ai's ZSTN container (one file).
+    Zstn,
+    /// ckptfs's `.blz` model-directory archive.
+    Blz,
+}
+
+impl Kind {
+    /// The kind of an archive from its first bytes.
+    pub fn detect(head: &[u8]) -> Option<Kind> {
+        if head.starts_with(crate::format::blz::MAGIC) {
+            Some(Kind::Blz)
+        } else if head.starts_with(b"ZSTN") {
+            Some(Kind::Zstn)
+        } else {
+            None
+        }
+    }
+
+    /// The value of the mount's `user.ckptfs.format` attribute.
+    pub fn format_name(self) -> &'static str {
+        match self {
+            Kind::Zstn => "zstn-v3",
+            Kind::Blz => "ckptfs-blz-v1",
+        }
+    }
+}
+
+/// An opened archive of any kind: the files it presents and how to decode
+/// the blocks they are made of. Implementations check every structure at
+/// open and every block's integrity in [`ArchiveView::decode_block`].
+pub trait ArchiveView: Send + Sync {
+    fn kind(&self) -> Kind;
+    /// The archive's path (for messages).
+    fn path(&self) -> &Path;
+    /// Size of the archive on disk.
+    fn stored_len(&self) -> u64;
+    /// The checksums that cover every byte served, if any (the value of the
+    /// mount's `user.ckptfs.checksums` attribute).
+    fn checksums(&self) -> Option<&'static str>;
+    /// Number of presented files.
+    fn files(&self) -> usize;
+    /// Relative `/`-separated path of file `file` inside the archive
+    /// (empty for a single-file archive, presented under its own name).
+    fn file_path(&self, file: usize) -> &str;
+    /// Size of presented file `file`.
+    fn logical_len(&self, file: usize) -> u64;
+    /// The in-memory first bytes of file `file` (checked before it is
+    /// returned; a damaged prefix fails only this file).
+    fn prefix(&self, file: usize) -> Result<&[u8]>;
+    /// Length of the prefix, known without building it.
+    fn prefix_len(&self, file: usize) -> u64;
+    /// The non-empty segments of file `file`, in file order, contiguous
+    /// from the prefix's end to the file's end.
+    fn segments(&self, file: usize) -> &[Segment];
+    /// Number of units.
+    fn units(&self) -> usize;
+    /// What a unit holds (a tensor, a file), for messages.
+    fn unit_name(&self, unit: u32) -> &str;
+    /// The block grid of a unit (built and checked once, then shared).
+    fn grid(&self, unit: u32) -> Result<Arc<Grid>>;
+    /// Decodes one block, checking its integrity.
+    fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>>;
+    /// Checks that must pass before bytes `range` of file `file` are
+    /// served (an archive whose index cannot be trusted checks whole
+    /// segments against their own digests). Cheap once passed.
+    fn check_range(&self, _file: usize, _range: Range<u64>) -> Result<()> {
+        Ok(())
+    }
+    /// Kind-specific checks of `verify` that come before any block is
+    /// decoded (structure that names a file or tensor).
+    fn verify_structure(&self) -> Result<()>;
+    /// Checks unit `unit` once all its blocks decoded; `digest` is the
+    /// xxh3-64 of its decoded bytes.
+    fn verify_unit(&self, unit: u32, digest: u64) -> Result<()>;
+    /// The last checks of `verify` (whole-archive digests, per-file and
+    /// per-tensor digests from the unit digests); returns the one-line
+    /// summary `verify` prints.
+    fn verify_finish(&self, unit_digests: &[u64]) -> Result<String>;
+
+    /// An integrity error naming this archive.
+    fn integrity(&self, what: String) -> ArchiveError {
+        ArchiveError::Integrity {
+            path: self.path().to_path_buf(),
+            what,
+        }
+    }
+
+    /// The index of the file at relative path `path`.
+    fn find(&self, path: &str) -> Option<usize> {
+        (0..self.files()).find(|&i| self.file_path(i) == path)
+    }
+
+    /// Decoded length of a block.
+    fn block_len(&self, key: BlockKey) -> Result<u64> {
+        let g = self.grid(key.unit)?;
+        if key.block as usize >= g.blocks() {
+            return Err(self.integrity(format!("no block {} in unit {}", key.block, key.unit)));
+        }
+        let s = g.span(key.block as usize);
+        Ok(s.end - s.start)
+    }
+
+    /// Reads without a cache, decoding every covered block.
+    fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        read_with(self, file, offset, buf, &mut |k| {
+            self.decode_block(k).map(Arc::new)
+        })
+    }
+
+    /// Decodes a whole unit (all its blocks, in parallel when large).
+    fn decode_unit(&self, unit: u32) -> Result<Vec<u8>> {
+        let grid = self.grid(unit)?;
+        if grid.blocks() == 1 {
+            return self.decode_block(BlockKey { unit, block: 0 });
+        }
+        let parts: Vec<Vec<u8>> = (0..grid.blocks() as u32)
+            .into_par_iter()
+            .map(|block| self.decode_block(BlockKey { unit, block }))
+            .collect::<Result<_>>()?;
+        Ok(parts.concat())
+    }
+
+    /// Every directory implied by the file paths (not the root), sorted.
+    fn directories(&self) -> Vec<String> {
+        let mut dirs: Vec<String> = (0..self.files())
+            .flat_map(|i| {
+                let p = self.file_path(i);
+                p.match_indices('/')
+                    .map(|(k, _)| p[..k].to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+}
+
+/// Opens the archive at `path`, of whatever kind its first bytes say.
+pub fn open(path: &Path) -> Result<Arc<dyn ArchiveView>> {
+    let file = std::fs::File::open(path).map_err(|source| ArchiveError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    from_file(&file, path)
+}
+
+/// Opens an archive from an open file (`path` names it in messages).
+pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Arc<dyn ArchiveView>> {
+    let io = |source| ArchiveError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut head = [0u8; 8];
+    let n = (&*file).read(&mut head).map_err(io)?;
+    let backing = Backing::map(file).map_err(io)?;
+    from_backing(backing, &head[..n], path)
+}
+
+/// Opens an archive held in memory (`name` is used in messages).
+pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<Arc<dyn ArchiveView>> {
+    let head = bytes[..bytes.len().min(8)].to_vec();
+    from_backing(Backing::Owned(bytes), &head, name)
+}
+
+fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn ArchiveView>> {
+    match Kind::detect(head) {
+        Some(Kind::Zstn) => Ok(Arc::new(ZstnArchive::from_backing(backing, path)?)),
+        Some(Kind::Blz) => Ok(Arc::new(BlzArchive::from_backing(backing, path)?)),
+        None => Err(ArchiveError::Unrecognised {
+            path: path.to_path_buf(),
+            what: format!(
+                "not a .blz archive or ZSTN archive (magic {:?})",
+                String::from_utf8_lossy(head)
+            ),
+        }),
+    }
+}
+
+/// Where the bytes of `range` of file `file` live: a list of (source,
+/// range inside the source, offset in the output).
+pub fn plan<A: ArchiveView + ?Sized>(a: &A, file: usize, range: Range<u64>) -> Result<Vec<Piece>> {
+    let prefix_len = a.prefix_len(file);
+    let segments = a.segments(file);
+    let end = range.end.min(a.logical_len(file));
+    let mut pieces = Vec::new();
+    let mut pos = range.start;
+    if pos < prefix_len && pos < end {
+        let hi = end.min(prefix_len);
+        pieces.push(Piece {
+            source: PieceSource::Prefix,
+            within: pos..hi,
+            out_offset: 0,
+        });
+        pos = hi;
+    }
+    while pos < end {
+        let k = segments.partition_point(|s| s.start <= pos);
+        let seg = k
+            .checked_sub(1)
+            .map(|k| &segments[k])
+            .filter(|s| pos - s.start < s.len)
+            .ok_or_else(|| a.integrity(format!("{}: no data at {pos}", display_name(a, file))))?;
+        let in_unit = pos - seg.start;
+        let grid = a.grid(seg.unit)?;
+        let block = grid.block_of(in_unit);
+        let span = grid.span(block);
+        let hi = span.end.min(in_unit + (end - pos)).min(seg.len);
+        pieces.push(Piece {
+            source: PieceSource::Block(BlockKey {
+                unit: seg.unit,
+                block: block as u32,
+            }),
+            within: (in_unit - span.start)..(hi - span.start),
+            out_offset: pos - range.start,
+        });
+        pos += hi - in_unit;
+    }
+    Ok(pieces)
+}
+
+fn display_name<A: ArchiveView + ?Sized>(a: &A, file: usize) -> String {
+    match a.file_path(file) {
+        "" => "data".to_string(),
+        p => p.to_string(),
+    }
+}
+
+/// Reads bytes `[offset, offset + buf.len())` of file `file` (clamped to
+/// the file), fetching blocks through `fetch` (a cache, or plain
+/// decoding). Errors of the fetcher come back as they are.
+pub fn read_with<A, E>(
+    a: &A,
+    file: usize,
+    offset: u64,
+    buf: &mut [u8],
+    fetch: &mut dyn FnMut(BlockKey) -> std::result::Result<Arc<Vec<u8>>, E>,
+) -> std::result::Result<usize, E>
+where
+    A: ArchiveView + ?Sized,
+    E: From<ArchiveError>,
+{
+    let len = a.logical_len(file);
+    if offset >= len {
+        return Ok(0);
+    }
+    let n = (buf.len() as u64).min(len - offset) as usize;
+    a.check_range(file, offset..offset + n as u64)?;
+    for p in plan(a, file, offset..offset + n as u64)? {
+        let dst = &mut buf[p.out_offset as usize
+            ..p.out_offset as usize + (p.within.end - p.within.start) as usize];
+        let within = p.within.start as usize..p.within.end as usize;
+        match p.source {
+            PieceSource::Prefix => dst.copy_from_slice(&a.prefix(file)?[within]),
+            PieceSource::Block(key) => dst.copy_from_slice(&fetch(key)?[within]),
+        }
+    }
+    Ok(n)
+}
+
+/// Every block of file `file`, in file order (a unit used twice appears
+/// twice).
+pub fn blocks_of<A: ArchiveView + ?Sized>(a: &A, file: usize) -> Result<Vec<BlockKey>> {
+    let mut keys = Vec::new();
+    for s in a.segments(file) {
+        let g = a.grid(s.unit)?;
+        keys.extend((0..g.blocks() as u32).map(|block| BlockKey {
+            unit: s.unit,
+            block,
+        }));
+    }
+    Ok(keys)
+}
+
+/// Decoded bytes held at once by streaming operations.
+const WINDOW: u64 = 64 << 20;
+
+/// Why streaming a file out failed: reading the archive, or writing.
+#[derive(Debug, Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+}
+
+/// Streams file `file` into `w`: blocks decoded in parallel windows of
+/// bounded size, written in order; `progress` gets each written length.
+pub fn write_to<A: ArchiveView + ?Sized>(
+    a: &A,
+    file: usize,
+    w: &mut dyn Write,
+    progress: &dyn Fn(u64),
+) -> std::result::Result<(), WriteError> {
+    a.check_range(file, 0..a.logical_len(file))?;
+    let prefix = a.prefix(file)?;
+    w.write_all(prefix)?;
+    progress(prefix.len() as u64);
+    let keys = blocks_of(a, file)?;
+    let mut k = 0;
+    while k < keys.len() {
+        let mut j = k;
+        let mut bytes = 0;
+        while j < keys.len() && (j == k || bytes < WINDOW) {
+            bytes += a.block_len(keys[j])?;
+            j += 1;
+        }
+        let decoded: Vec<Vec<u8>> = keys[k..j]
+            .par_iter()
+            .map(|key| a.decode_block(*key))
+            .collect::<Result<_>>()?;
+        for d in &decoded {
+            w.write_all(d)?;
+            progress(d.len() as u64);
+        }
+        k = j;
+    }
+    Ok(())
+}
+
+/// xxh3-64 of a whole unit, decoding its blocks in parallel windows.
+fn unit_digest<A: ArchiveView + ?Sized>(
+    a: &A,
+    unit: u32,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u64> {
+    let g = a.grid(unit)?;
+    let mut h = Xxh3::new();
+    let n = g.blocks() as u32;
+    let mut k = 0;
+    while k < n {
+        let j = (k + 32).min(n);
+        let decoded: Vec<Vec<u8>> = (k..j)
+            .into_par_iter()
+            .map(|block| a.decode_block(BlockKey { unit, block }))
+            .collect::<Result<_>>()?;
+        for d in &decoded {
+            h.update(d);
+            progress(d.len() as u64);
+        }
+        k = j;
+    }
+    Ok(h.digest())
+}
+
+/// Checks everything: the kind's structure, every file's prefix, every
+/// block of every unit (with its checksums), each unit, then the kind's
+/// whole-archive checks. The checks that name a file or tensor come
+/// first, so a failure says what is damaged. Returns the one-line summary.
+pub fn verify<A: ArchiveView + ?Sized>(a: &A, progress: &(dyn Fn(u64) + Sync)) -> Result<String> {
+    a.verify_structure()?;
+    for i in 0..a.files() {
+        a.prefix(i)?;
+    }
+    let digests: Vec<u64> = (0..a.units() as u32)
+        .into_par_iter()
+        .map(|u| {
+            let d = unit_digest(a, u, progress)?;
+            a.verify_unit(u, d)?;
+            Ok(d)
+        })
+        .collect::<Result<_>>()?;
+    a.verify_finish(&digests)
+}
