@@ -18,9 +18,8 @@
 //! open; when it fails, every segment is checked against its tensor's or
 //! file's own digest before it is served (see `trusted`).
 
-use super::frame_block::{decode_frame_block, frame_grid, BlockError, GridError};
+use super::frame_block::{block_index, decode_unit_block, frame_grid, shared_grid, GridError};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
-use crate::codec::CodecError;
 use crate::format::blz::{
     self, BlobEntry, BlzError, Encoding, FileEntry, FileKind, Header as BlzHeader, Parsed,
 };
@@ -226,18 +225,6 @@ impl BlzArchive {
     }
     fn data(&self) -> &[u8] {
         &self.bytes()[self.parsed.data_start as usize..]
-    }
-
-    fn frame_err(&self, unit: u32, source: CodecError) -> ArchiveError {
-        ArchiveError::Frame {
-            path: self.path.clone(),
-            tensor: self.units[unit as usize].name.clone(),
-            source,
-        }
-    }
-
-    fn unit_integrity(&self, unit: u32, what: String) -> ArchiveError {
-        self.integrity(format!("{}: {what}", self.unit_name(unit)))
     }
 
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
@@ -460,16 +447,8 @@ impl ArchiveView for BlzArchive {
 
     /// The block grid of a blob (built and checked once, then shared).
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
-        let Some(u) = self.units.get(unit as usize) else {
-            return Err(self.integrity(format!("no blob {unit}")));
-        };
-        u.grid
-            .get_or_init(|| self.build_grid(unit))
-            .clone()
-            .map_err(|e| match e {
-                GridError::Codec(e) => self.frame_err(unit, e),
-                GridError::Integrity(what) => self.unit_integrity(unit, what),
-            })
+        let cell = self.units.get(unit as usize).map(|u| &u.grid);
+        shared_grid(self, unit, cell, || self.build_grid(unit))
     }
 
     /// Decodes one block of a blob, checking its digests.
@@ -478,13 +457,7 @@ impl ArchiveView for BlzArchive {
             return Err(self.integrity(format!("no blob {}", key.unit)));
         }
         let grid = self.grid(key.unit)?;
-        let b = key.block as usize;
-        if b >= grid.blocks() {
-            return Err(self.frame_err(
-                key.unit,
-                CodecError::invalid("block", format!("no block {b}")),
-            ));
-        }
+        let b = block_index(self, key, &grid)?;
         let span = grid.span(b);
         let blob = self.blob(key.unit);
         let bytes = self.blob_bytes(key.unit);
@@ -498,13 +471,7 @@ impl ArchiveView for BlzArchive {
                         self.unit_integrity(key.unit, format!("block {b} has no payload checksum"))
                     );
                 };
-                decode_frame_block(bytes, &grid, b, Some(want)).map_err(|e| match e {
-                    BlockError::Codec(e) => self.frame_err(key.unit, e),
-                    BlockError::Payload => self.unit_integrity(
-                        key.unit,
-                        format!("checksum mismatch in the compressed bytes of block {b}"),
-                    ),
-                })?
+                decode_unit_block(self, key, bytes, Some(want))?
             }
         };
         if xxh3_64(&out) != expect.data.0 {

@@ -7,10 +7,64 @@
 //! sub-tensor blocks of whole elements; any other frame (most z4ai frames)
 //! is one block.
 
+use super::{ArchiveView, BlockKey, Result};
 use crate::codec::CodecError;
 use crate::format::ckx;
 use crate::format::frame::{block_grid, Frame, RansTables};
 use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+/// A unit's grid, built by `build` on first use and shared after; a
+/// failure is kept and reported on every use.
+pub(crate) fn shared_grid<A: ArchiveView + ?Sized>(
+    a: &A,
+    unit: u32,
+    cell: Option<&OnceLock<std::result::Result<Arc<Grid>, GridError>>>,
+    build: impl FnOnce() -> std::result::Result<Arc<Grid>, GridError>,
+) -> Result<Arc<Grid>> {
+    let Some(cell) = cell else {
+        return Err(a.integrity(format!("no unit {unit}")));
+    };
+    cell.get_or_init(build).clone().map_err(|e| match e {
+        GridError::Codec(e) => a.frame_error(unit, e),
+        GridError::Integrity(what) => a.unit_integrity(unit, what),
+    })
+}
+
+/// Decodes block `key` of a frame unit whose stored bytes are `bytes`,
+/// checking the compressed bytes against `payload_digest` first.
+pub(crate) fn decode_unit_block<A: ArchiveView + ?Sized>(
+    a: &A,
+    key: BlockKey,
+    bytes: &[u8],
+    payload_digest: Option<u64>,
+) -> Result<Vec<u8>> {
+    let grid = a.grid(key.unit)?;
+    let b = block_index(a, key, &grid)?;
+    decode_frame_block(bytes, &grid, b, payload_digest).map_err(|e| match e {
+        BlockError::Codec(e) => a.frame_error(key.unit, e),
+        BlockError::Payload => a.unit_integrity(
+            key.unit,
+            format!("checksum mismatch in the compressed bytes of block {b}"),
+        ),
+    })
+}
+
+/// The block number of `key`, checked against the unit's grid.
+pub(crate) fn block_index<A: ArchiveView + ?Sized>(
+    a: &A,
+    key: BlockKey,
+    grid: &Grid,
+) -> Result<usize> {
+    let b = key.block as usize;
+    if b >= grid.blocks() {
+        return Err(a.frame_error(
+            key.unit,
+            CodecError::invalid("block", format!("no block {b}")),
+        ));
+    }
+    Ok(b)
+}
 
 /// Block boundaries of one unit, in decoded bytes of that unit. The last
 /// boundary equals the unit's decoded length.
@@ -61,7 +115,10 @@ impl From<CodecError> for GridError {
 
 /// Parses a frame into its block grid (checking that it decodes to
 /// `decoded_len`) and the CKX1 meta digest of its non-payload bytes.
-pub(crate) fn frame_grid(bytes: &[u8], decoded_len: u64) -> Result<(Grid, u64), CodecError> {
+pub(crate) fn frame_grid(
+    bytes: &[u8],
+    decoded_len: u64,
+) -> std::result::Result<(Grid, u64), CodecError> {
     let frame = Frame::parse(bytes)?;
     if frame.decoded_len() != decoded_len {
         return Err(CodecError::LengthMismatch {
@@ -101,7 +158,7 @@ pub(crate) fn decode_frame_block(
     grid: &Grid,
     b: usize,
     payload_digest: Option<u64>,
-) -> Result<Vec<u8>, BlockError> {
+) -> std::result::Result<Vec<u8>, BlockError> {
     let frame = Frame::parse(bytes).map_err(BlockError::Codec)?;
     let access = if grid.elem_bytes == 0 {
         None

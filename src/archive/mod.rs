@@ -213,6 +213,25 @@ pub trait ArchiveView: Send + Sync {
         }
     }
 
+    /// How messages name unit `unit` (default: its name).
+    fn unit_label(&self, unit: u32) -> String {
+        self.unit_name(unit).to_string()
+    }
+
+    /// An integrity error about unit `unit`.
+    fn unit_integrity(&self, unit: u32, what: String) -> ArchiveError {
+        self.integrity(format!("{}: {what}", self.unit_label(unit)))
+    }
+
+    /// A decoding error in unit `unit`'s frame.
+    fn frame_error(&self, unit: u32, source: CodecError) -> ArchiveError {
+        ArchiveError::Frame {
+            path: self.path().to_path_buf(),
+            tensor: self.unit_name(unit).to_string(),
+            source,
+        }
+    }
+
     /// The index of the file at relative path `path`.
     fn find(&self, path: &str) -> Option<usize> {
         (0..self.files()).find(|&i| self.file_path(i) == path)

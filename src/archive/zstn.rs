@@ -12,7 +12,7 @@
 //! With a CKX1 checksum block (every file ckptfs writes), each block's
 //! compressed bytes are checked before decoding and its decoded bytes after.
 
-use super::frame_block::{decode_frame_block, frame_grid, BlockError, GridError};
+use super::frame_block::{block_index, decode_unit_block, frame_grid, shared_grid, GridError};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::codec::CodecError;
 use crate::format::ckx::{self, Extension};
@@ -219,24 +219,12 @@ impl ZstnArchive {
         self.decode_unit(self.unit_of_record(i))
     }
 
-    fn frame_err(&self, unit: u32, source: CodecError) -> ArchiveError {
-        ArchiveError::Frame {
-            path: self.path.clone(),
-            tensor: self.units[unit as usize].name.clone(),
-            source,
-        }
-    }
-
-    fn unit_integrity(&self, unit: u32, what: String) -> ArchiveError {
-        self.integrity(format!("tensor {:?}: {what}", self.unit_name(unit)))
-    }
-
     /// Parses a unit's frame structure.
     pub fn frame(&self, unit: u32) -> Result<Frame<'_>> {
         let u = &self.units[unit as usize];
-        let f = Frame::parse(self.frame_bytes(unit)).map_err(|e| self.frame_err(unit, e))?;
+        let f = Frame::parse(self.frame_bytes(unit)).map_err(|e| self.frame_error(unit, e))?;
         if f.decoded_len() != u.decoded_len {
-            return Err(self.frame_err(
+            return Err(self.frame_error(
                 unit,
                 CodecError::LengthMismatch {
                     what: "frame",
@@ -329,43 +317,23 @@ impl ArchiveView for ZstnArchive {
         &self.units[unit as usize].name
     }
 
+    fn unit_label(&self, unit: u32) -> String {
+        format!("tensor {:?}", self.unit_name(unit))
+    }
+
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
-        let Some(u) = self.units.get(unit as usize) else {
-            return Err(self.integrity(format!("no unit {unit}")));
-        };
-        u.grid
-            .get_or_init(|| self.build_grid(unit))
-            .clone()
-            .map_err(|e| match e {
-                GridError::Codec(e) => self.frame_err(unit, e),
-                GridError::Integrity(what) => self.unit_integrity(unit, what),
-            })
+        let cell = self.units.get(unit as usize).map(|u| &u.grid);
+        shared_grid(self, unit, cell, || self.build_grid(unit))
     }
 
     /// Decodes one block: the unit bytes `grid.span(block)`. With a
     /// checksum block, the compressed bytes are checked before decoding and
     /// the decoded bytes after.
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
-        let grid = self.grid(key.unit)?;
-        let b = key.block as usize;
-        if b >= grid.blocks() {
-            return Err(self.frame_err(
-                key.unit,
-                CodecError::invalid("block", format!("no block {b}")),
-            ));
-        }
+        let b = block_index(self, key, &*self.grid(key.unit)?)?;
         let unit = key.unit as usize;
         let want = self.ext.as_ref().map(|e| e.units[unit].blocks[b].payload);
-        let out =
-            decode_frame_block(self.frame_bytes(key.unit), &grid, b, want).map_err(
-                |e| match e {
-                    BlockError::Codec(e) => self.frame_err(key.unit, e),
-                    BlockError::Payload => self.unit_integrity(
-                        key.unit,
-                        format!("checksum mismatch in the compressed bytes of block {b}"),
-                    ),
-                },
-            )?;
+        let out = decode_unit_block(self, key, self.frame_bytes(key.unit), want)?;
         if let Some(ext) = &self.ext {
             ext.verify_data(unit, b, &out)
                 .map_err(|what| self.unit_integrity(key.unit, what))?;
