@@ -5,7 +5,7 @@ mod common;
 use ckptfs::archive::Archive;
 use ckptfs::codec::plane::DECODED_BYTES;
 use ckptfs::format::safetensors::Dtype;
-use ckptfs::writer::{pack, PackOptions};
+use ckptfs::pack::{pack, PackOptions};
 use common::{bf16_bits, ckptfs, gauss_bf16, gauss_f16, gauss_f32, safetensors_file, Rng};
 use proptest::prelude::*;
 use std::path::Path;
