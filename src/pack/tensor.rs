@@ -3,8 +3,9 @@
 //! encoded the same way in a `.zstn` and in a `.blz`.
 //!
 //! Per tensor:
-//! - BF16: bit-field frame (sign stored, exponent rANS, mantissa zstd);
-//! - F16 / F32 / F64 (and C64 as pairs of F32): byte-plane frame;
+//! - BF16 and F32: bit-field frame (sign stored, exponent rANS, mantissa
+//!   zstd), or byte-plane when no chunk count divides the element count;
+//! - F16 / F64 (and C64 as pairs of F32): byte-plane frame;
 //! - everything else: an opaque frame.
 //!
 //! Every plane is stored (method 0), adaptive order-0 rANS (method 4) or
