@@ -6,7 +6,7 @@
 //! original bytes) over N runs. Threads: RAYON_NUM_THREADS (default: all).
 use ckptfs::archive::ZstnArchive;
 use ckptfs::commands::unpack_to;
-use ckptfs::writer::{pack, PackOptions};
+use ckptfs::pack::{pack, PackOptions};
 use std::time::Instant;
 
 /// Process CPU time in seconds (all threads).

@@ -33,7 +33,7 @@ pub enum Command {
     List(ListArgs),
     /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
     Extract(ExtractArgs),
-    /// Mount a store of .zstn archives read-only, presenting them as .safetensors files.
+    /// Mount a store: .zstn archives appear as .safetensors files, .blz archives as directories; writable unless --read-only.
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
     Umount(UmountArgs),

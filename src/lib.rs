@@ -4,7 +4,6 @@
 //! command line; `fuse` and `commands` are thin layers over it.
 
 pub mod archive;
-pub mod blz_writer;
 pub mod cache;
 pub mod cli;
 pub mod codec;
@@ -13,7 +12,7 @@ pub mod format;
 pub mod fs;
 pub mod fsutil;
 pub mod fuse;
-pub mod writer;
+pub mod pack;
 
 /// Keeps glibc from returning every freed decode block to the kernel: blocks
 /// of about 1 MiB are allocated and freed constantly, and above the default

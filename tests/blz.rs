@@ -6,10 +6,10 @@
 
 mod common;
 use ckptfs::archive::{plan, verify, ArchiveView, BlzArchive};
-use ckptfs::blz_writer::{pack_dir, BlzOptions};
 use ckptfs::format::blz::{
     self, BlobEntry, BlockEntry, BlzError, Digest, Encoding, FileEntry, FileKind, Header,
 };
+use ckptfs::pack::{pack_dir, BlzOptions};
 use common::*;
 use std::collections::BTreeMap;
 use std::fs;

@@ -3,7 +3,7 @@
 
 mod common;
 use ckptfs::archive::{ArchiveError, ArchiveView, ZstnArchive};
-use ckptfs::writer::{pack, PackOptions};
+use ckptfs::pack::{pack, PackOptions};
 use common::*;
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! update the expected digest; readers must keep reading the old version.
 
 mod common;
-use ckptfs::writer::{pack, PackOptions};
+use ckptfs::pack::{pack, PackOptions};
 use common::*;
 use xxhash_rust::xxh3::xxh3_64;
 

@@ -4,7 +4,7 @@
 mod common;
 use ckptfs::archive::{read_with, ArchiveError, ArchiveView, BlockKey, ZstnArchive};
 use ckptfs::format::safetensors::Dtype;
-use ckptfs::writer::{pack, PackOptions};
+use ckptfs::pack::{pack, PackOptions};
 use common::{bf16_bits, ckptfs, gauss_bf16, gauss_f16, gauss_f32, safetensors_file, Rng};
 use proptest::prelude::*;
 use std::path::Path;

@@ -5,11 +5,10 @@
 
 use super::{progress, Global, Result};
 use crate::archive::{ArchiveView, BlzArchive};
-use crate::blz_writer::{pack_dir, BlzOptions};
 use crate::cli::{ExtractArgs, ListArgs};
 use crate::format::blz::{FileKind, MAGIC};
 use crate::fsutil::write_atomic;
-use crate::writer::PackOptions;
+use crate::pack::{pack_dir, BlzOptions, PackOptions};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -34,7 +33,7 @@ pub fn pack(g: Global, src: &Path, out: &Path, raw: bool, level: i32, force: boo
         pack: PackOptions { level },
     };
     let t = Instant::now();
-    let total = crate::blz_writer::walk(src, None)
+    let total = crate::pack::walk(src, None)
         .map(|v| {
             v.iter()
                 .filter_map(|(_, p)| std::fs::metadata(p).ok())

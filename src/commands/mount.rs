@@ -17,12 +17,13 @@ use crate::cli::{MountArgs, UmountArgs};
 use crate::fs::{CheckpointFs, FsConfig};
 use crate::fuse::CheckpointFuse;
 use fuser::{Config, MountOption, Session, SessionACL};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 use std::io::{BufRead, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Parses a size like `2G`, `512M`, `1.5GiB`, `1048576`.
@@ -228,45 +229,6 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
     }
 }
 
-static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
-
-extern "C" fn on_signal(_sig: libc::c_int) {
-    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; the buffer is a valid byte.
-        unsafe {
-            libc::write(fd, b"x".as_ptr().cast(), 1);
-        }
-    }
-}
-
-/// Installs handlers for SIGINT/SIGTERM/SIGHUP and returns the read end of
-/// a pipe that receives a byte per signal.
-fn signal_pipe() -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction with a valid handler and empty mask is
-        // a valid argument; the handler only calls write(2).
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-    }
-    // SAFETY: fds[0] is a fresh pipe fd that nothing else owns.
-    Ok(unsafe { std::fs::File::from_raw_fd(fds[0]) })
-}
-
 /// Detaches the mount even while files are open (the daemon keeps serving
 /// them until they close).
 fn lazy_unmount(mountpoint: &Path) {
@@ -363,7 +325,9 @@ fn foreground(
     };
     config.n_threads = Some(n_threads);
     config.clone_fd = true;
-    let signals = signal_pipe()?;
+    // Registered before mounting, so a signal that arrives while the mount
+    // comes up still unmounts it.
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
         .map_err(|e| format!("{}: cannot mount: {e}", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
@@ -381,9 +345,10 @@ fn foreground(
     std::thread::Builder::new()
         .name("ckptfs-signals".into())
         .spawn(move || {
-            let mut signals = signals;
-            let mut byte = [0u8; 1];
-            if std::io::Read::read(&mut signals, &mut byte).unwrap_or(0) == 1 {
+            // The first signal unmounts. The handlers stay installed after
+            // this thread ends (dropping `signals` only detaches it), so
+            // later signals are ignored while the daemon finishes.
+            if signals.forever().next().is_some() {
                 log::info!("signal received; unmounting {}", mp.display());
                 if let Err(e) = unmounter.unmount() {
                     log::info!("unmount: {e}; detaching lazily");

@@ -3,7 +3,7 @@
 use super::{progress, Global, Result};
 use crate::cli::PackArgs;
 use crate::fsutil::write_atomic;
-use crate::writer::{pack, PackOptions, PackStats};
+use crate::pack::{pack, PackOptions, PackStats};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -445,7 +445,7 @@ fn blz_is_a_read_only_directory_sharing_tied_blocks_in_the_cache() {
     std::fs::write(src.join("sub/tok.bin"), [0u8, 255, 1, 254]).unwrap();
     let store = tmp.path().join("store");
     std::fs::create_dir(&store).unwrap();
-    crate::blz_writer::pack_dir(
+    crate::pack::pack_dir(
         &src,
         &store.join("m.blz"),
         Default::default(),

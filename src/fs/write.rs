@@ -422,7 +422,7 @@ impl CheckpointFs {
             .open(&tmp)?;
         let stats = {
             let mut w = io::BufWriter::with_capacity(4 << 20, &out);
-            let s = crate::writer::pack(bytes, &mut w, Default::default(), &|_| {})
+            let s = crate::pack::pack(bytes, &mut w, Default::default(), &|_| {})
                 .map_err(io::Error::other)?;
             w.flush()?;
             s

@@ -1,9 +1,11 @@
-//! The ZSTN writer: a validated `.safetensors` in, a z4ai-readable `.zstn`
-//! with sub-tensor random access and CKX1 checksums out.
+//! The per-tensor encoder: one tensor's bytes in, one z4ai frame out,
+//! plus the CKX1 digests of that frame. Both writers use it, so a tensor is
+//! encoded the same way in a `.zstn` and in a `.blz`.
 //!
-//! Per tensor (after exact-byte dedup into REF records):
-//! - BF16: bit-field frame (sign stored, exponent rANS, mantissa zstd);
-//! - F16 / F32 / F64 (and C64 as pairs of F32): byte-plane frame;
+//! Per tensor:
+//! - BF16 and F32: bit-field frame (sign stored, exponent rANS, mantissa
+//!   zstd), or byte-plane when no chunk count divides the element count;
+//! - F16 / F64 (and C64 as pairs of F32): byte-plane frame;
 //! - everything else: an opaque frame.
 //!
 //! Every plane is stored (method 0), adaptive order-0 rANS (method 4) or
@@ -14,52 +16,20 @@
 //! also try an opaque zstd frame and keep the smaller. No tensor is stored
 //! larger than its raw bytes plus a fixed frame overhead.
 //!
-//! The output is assembled in record order: head, frames, the CKX1 block,
-//! index, footer. Frames are compressed in parallel in bounded windows and
-//! written as they complete, so memory stays bounded for any input size.
+//! `dedup` finds tensors whose bytes equal an earlier one's, which the
+//! `.zstn` writer stores as REF records instead of encoding them again.
+//!
+//! No I/O: the writers own the files.
 
+use super::{PackError, PackOptions};
 use crate::codec::plane::{self, encode_zstd_blocks};
 use crate::codec::rans;
 use crate::codec::transform::{self, BFLOAT16};
 use crate::format::ckx;
 use crate::format::frame::{block_grid, render_z4ai, Frame, PlaneOut, Transform, BLOCK_BYTES};
-use crate::format::safetensors::{self, Dtype, Header, HeaderError};
-use crate::format::zstn::{self, Record, RecordKind};
+use crate::format::safetensors::{self, Dtype};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::io::{self, Write};
-use thiserror::Error;
-use xxhash_rust::xxh3::xxh3_64;
-
-#[derive(Debug, Error)]
-pub enum PackError {
-    #[error("{0}")]
-    Header(#[from] HeaderError),
-    #[error("{0}")]
-    Io(#[from] io::Error),
-    #[error("internal check failed: {0}")]
-    Internal(String),
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct PackOptions {
-    /// zstd level for opaque frames.
-    pub level: i32,
-}
-
-impl Default for PackOptions {
-    fn default() -> Self {
-        PackOptions { level: 3 }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PackStats {
-    pub tensors: usize,
-    pub unique: usize,
-    pub raw_bytes: u64,
-    pub stored_bytes: u64,
-}
 
 /// Tensors smaller than this are stored opaque without trying transforms.
 const TINY: usize = 64;
@@ -282,7 +252,7 @@ fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     render_z4ai(Transform::BytePlane(w as u8), tail, &outs)
 }
 
-fn opaque_frame(raw: &[u8], opts: PackOptions) -> Vec<u8> {
+pub(super) fn opaque_frame(raw: &[u8], opts: PackOptions) -> Vec<u8> {
     let stored = || PlaneOut {
         method: plane::STORE,
         orig_len: raw.len() as u64,
@@ -326,7 +296,7 @@ fn zstd_blocks_or_stored(data: &[u8], block: usize) -> PlaneOut {
 }
 
 /// The digests of one frame, computed exactly as the reader will.
-pub(crate) fn digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests, PackError> {
+pub(super) fn digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests, PackError> {
     let f = Frame::parse(frame_bytes)
         .map_err(|e| PackError::Internal(format!("own frame does not parse: {e}")))?;
     if f.decoded_len() != raw.len() as u64 {
@@ -349,7 +319,7 @@ pub(crate) fn digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests
 
 /// Assigns each tensor (in data order) a FRAME or a REF to an earlier one
 /// with identical bytes.
-fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Option<usize>> {
+pub(super) fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Option<usize>> {
     // Candidates by length and a sampled fingerprint (head, middle, tail);
     // a full byte comparison decides. Hashing every byte would cost a full
     // pass over the input for what is almost always a miss.
@@ -382,115 +352,4 @@ fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Option<usize>>
         }
     }
     refs
-}
-
-/// Packs a whole safetensors file into `out`. The input is validated before
-/// the first byte is written. `progress` receives raw bytes as they are done.
-pub fn pack(
-    file: &[u8],
-    out: &mut dyn Write,
-    opts: PackOptions,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<PackStats, PackError> {
-    let (header, data) = safetensors::split_file(file)?;
-    let data_len = data.len() as u64;
-    let mut stats = PackStats {
-        tensors: header.tensors.len(),
-        raw_bytes: file.len() as u64,
-        ..Default::default()
-    };
-    if !header.tiles(data_len) {
-        return pack_opaque(&header, data, out, opts, stats);
-    }
-    let order = header.data_order();
-    let refs = dedup(&order, data);
-    let head = zstn::render_head(&header.raw, data_len, true);
-    out.write_all(&head)?;
-    let mut offset = head.len() as u64;
-
-    // Compress unique tensors in windows of about 256 MiB of input.
-    let uniques: Vec<usize> = (0..order.len()).filter(|&i| refs[i].is_none()).collect();
-    stats.unique = uniques.len();
-    let mut frame_at: HashMap<usize, (u64, u64)> = HashMap::new();
-    let mut units = Vec::with_capacity(uniques.len());
-    let mut i = 0;
-    while i < uniques.len() {
-        let mut j = i;
-        let mut bytes = 0u64;
-        while j < uniques.len() && (j == i || bytes < 256 << 20) {
-            bytes += order[uniques[j]].len();
-            j += 1;
-        }
-        let done: Vec<(Vec<u8>, ckx::UnitDigests)> = uniques[i..j]
-            .par_iter()
-            .map(|&t| {
-                let e = order[t];
-                let raw = &data[e.begin as usize..e.end as usize];
-                let f = encode_tensor(e.known_dtype(), raw, opts);
-                let d = digests(&f, raw)?;
-                progress(raw.len() as u64);
-                Ok((f, d))
-            })
-            .collect::<Result<_, PackError>>()?;
-        for (k, (f, d)) in done.into_iter().enumerate() {
-            out.write_all(&f)?;
-            frame_at.insert(uniques[i + k], (offset, f.len() as u64));
-            offset += f.len() as u64;
-            units.push(d);
-        }
-        i = j;
-    }
-    let records: Vec<Record> = order
-        .iter()
-        .enumerate()
-        .map(|(i, t)| Record {
-            name: t.name.clone(),
-            begin: t.begin,
-            end: t.end,
-            kind: match refs[i] {
-                Some(j) => RecordKind::Ref(j as u32),
-                None => {
-                    let (offset, len) = frame_at[&i];
-                    RecordKind::Frame { offset, len }
-                }
-            },
-        })
-        .collect();
-    let counts: Vec<usize> = units.iter().map(|u| u.blocks.len()).collect();
-    let ext_len = ckx::encoded_len(&counts) as u64;
-    let index_offset = offset + ext_len;
-    let index = zstn::render_index(&records);
-    let footer = zstn::render_footer(index_offset, index.len() as u64);
-    let mut tail = index.clone();
-    tail.extend_from_slice(&footer);
-    let ext = ckx::render(xxh3_64(&head), xxh3_64(&tail), &units);
-    debug_assert_eq!(ext.len() as u64, ext_len);
-    out.write_all(&ext)?;
-    out.write_all(&tail)?;
-    stats.stored_bytes = index_offset + tail.len() as u64;
-    Ok(stats)
-}
-
-/// Files whose tensors do not tile the data buffer (holes, aliasing) are
-/// stored as one opaque frame of the whole buffer (`contiguous = 0`), as
-/// z4ai does. z4ai ignores bytes after that frame, so the CKX1 block
-/// follows it.
-fn pack_opaque(
-    header: &Header,
-    data: &[u8],
-    out: &mut dyn Write,
-    opts: PackOptions,
-    mut stats: PackStats,
-) -> Result<PackStats, PackError> {
-    let mut head = zstn::render_head(&header.raw, data.len() as u64, false);
-    let f = opaque_frame(data, opts);
-    head.extend_from_slice(&(f.len() as u64).to_le_bytes());
-    let d = digests(&f, data)?;
-    let ext = ckx::render(xxh3_64(&head), xxh3_64(&[]), &[d]);
-    out.write_all(&head)?;
-    out.write_all(&f)?;
-    out.write_all(&ext)?;
-    stats.unique = 1;
-    stats.stored_bytes = (head.len() + f.len() + ext.len()) as u64;
-    Ok(stats)
 }

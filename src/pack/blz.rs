@@ -18,13 +18,14 @@
 //! lists their offsets and digests) precedes them. The archive is then
 //! written atomically: prelude, header, the spool copied.
 
+use super::tensor::{digests, encode_tensor};
+use super::{BlzOptions, BlzStats};
 use crate::format::blz::{
     self, BlobEntry, BlockEntry, Digest, Encoding, FileEntry, FileKind, Header, TensorEntry,
 };
 use crate::format::frame::BLOCK_BYTES;
 use crate::format::safetensors::{self, Dtype};
 use crate::fsutil::{parent_dir, write_atomic};
-use crate::writer::{digests, encode_tensor, PackOptions};
 use base64::Engine as _;
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -47,27 +48,6 @@ pub enum BlzPackError {
     Input { path: String, what: String },
     #[error("internal check failed: {0}")]
     Internal(String),
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BlzOptions {
-    /// Store tensor bytes raw (BLAZE-X layout) instead of ckptfs frames.
-    pub raw: bool,
-    pub pack: PackOptions,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BlzStats {
-    pub files: usize,
-    pub shards: usize,
-    pub tensors: usize,
-    pub blobs: usize,
-    /// Tensors whose bytes were already stored (by another tensor).
-    pub deduplicated: usize,
-    /// Total size of the files.
-    pub raw_bytes: u64,
-    /// Size of the archive.
-    pub stored_bytes: u64,
 }
 
 enum Content {

@@ -1,0 +1,81 @@
+//! The writers: what `ckptfs pack` produces.
+//!
+//! - [`tensor`]: the per-tensor encoder. One tensor's bytes in, one z4ai
+//!   frame (bit-field, byte-plane or opaque) and its CKX1 digests out. Both
+//!   writers below use it, so a tensor is stored the same way in either
+//!   (unless `.blz --raw`, which stores tensor bytes as they are).
+//! - [`zstn`]: one `.safetensors` in, one `.zstn` out (head, frames, CKX1
+//!   block, index, footer), readable by z4ai. [`pack`].
+//! - [`blz`]: a model directory in, one `.blz` archive out (prelude, JSON
+//!   header, blobs), tensors deduplicated across shards. [`pack_dir`].
+//!
+//! This module holds the types the writers share with their callers:
+//! options, statistics, and the error of the encoder and the `.zstn` writer.
+//! Writers build on `format` and `codec` and know nothing of the mount.
+//! Their output bytes for a fixed input are pinned (`.zstn` by
+//! tests/golden.rs, `.blz` by tests/blz.rs): a change that moves them must
+//! bump the format version.
+
+pub mod blz;
+pub mod tensor;
+pub mod zstn;
+
+pub use blz::{pack_dir, walk, BlzPackError};
+pub use zstn::pack;
+
+use crate::format::safetensors::HeaderError;
+use std::io;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum PackError {
+    #[error("{0}")]
+    Header(#[from] HeaderError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("internal check failed: {0}")]
+    Internal(String),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PackOptions {
+    /// zstd level for opaque frames.
+    pub level: i32,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions { level: 3 }
+    }
+}
+
+/// What [`pack`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackStats {
+    pub tensors: usize,
+    pub unique: usize,
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlzOptions {
+    /// Store tensor bytes raw (BLAZE-X layout) instead of ckptfs frames.
+    pub raw: bool,
+    pub pack: PackOptions,
+}
+
+/// What [`pack_dir`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlzStats {
+    pub files: usize,
+    pub shards: usize,
+    pub tensors: usize,
+    pub blobs: usize,
+    /// Tensors whose bytes were already stored (by another tensor).
+    pub deduplicated: usize,
+    /// Total size of the files.
+    pub raw_bytes: u64,
+    /// Size of the archive.
+    pub stored_bytes: u64,
+}
