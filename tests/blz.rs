@@ -7,7 +7,7 @@
 mod common;
 use ckptfs::archive::{plan, verify, ArchiveView, BlzArchive};
 use ckptfs::format::blz::{
-    self, BlobEntry, BlockEntry, BlzError, Digest, Encoding, FileEntry, FileKind, Header,
+    self, BlobEntry, BlockEntry, BlzError, Content, Digest, Encoding, FileEntry, Header, Stored,
 };
 use ckptfs::pack::{pack_dir, BlzOptions};
 use common::*;
@@ -195,7 +195,7 @@ fn roundtrip(raw: bool) {
     let tensors: Vec<_> = ar
         .entries()
         .iter()
-        .flat_map(|f| f.tensors.clone().unwrap_or_default())
+        .flat_map(|f| f.tensors().to_vec())
         .collect();
     assert_eq!(tensors.len(), 8);
     assert_eq!(ar.units(), 7);
@@ -212,8 +212,20 @@ fn roundtrip(raw: bool) {
     assert!((0..ar.units() as u32).all(|u| ar.blob(u).encoding == enc));
     // Text and binary sidecars are embedded as such.
     let entry = |p: &str| ar.entries()[ar.find(p).unwrap()].clone();
-    assert!(entry("config.json").text.is_some());
-    assert!(entry("tokenizer.model").base64.is_some());
+    assert!(matches!(
+        entry("config.json").content,
+        Content::Plain {
+            stored: Stored::Text(_),
+            ..
+        }
+    ));
+    assert!(matches!(
+        entry("tokenizer.model").content,
+        Content::Plain {
+            stored: Stored::Base64(_),
+            ..
+        }
+    ));
     assert_eq!(ar.directories(), vec!["1_Pooling", "1_Pooling/nested"]);
 
     // Arbitrary ranges of a shard through the Archive-like read API.
@@ -348,7 +360,7 @@ fn blob_range(ar: &BlzArchive, bytes: &[u8], tensor: &str) -> std::ops::Range<us
     let t = ar
         .entries()
         .iter()
-        .flat_map(|f| f.tensors.clone().unwrap_or_default())
+        .flat_map(|f| f.tensors().to_vec())
         .find(|t| t.name == tensor)
         .unwrap();
     let b = ar.blob(t.blob.unwrap());
@@ -406,9 +418,7 @@ fn corrupt_tensor_fails_only_its_reads() {
         }
         let i = ar.find("model-00002-of-00002.safetensors").unwrap();
         let t = ar.entries()[i]
-            .tensors
-            .as_ref()
-            .unwrap()
+            .tensors()
             .iter()
             .position(|t| t.name == "model.norm.weight")
             .unwrap();
@@ -461,9 +471,15 @@ fn corrupt_sidecar_fails_only_its_reads() {
 fn damage_embedded(b: &mut [u8], path: &str) {
     let p = blz::parse(b).unwrap();
     let f = p.header.files.iter().find(|f| f.path == path).unwrap();
-    let (member, value) = match (&f.text, &f.base64) {
-        (Some(t), _) => ("text", t),
-        (None, Some(x)) => ("base64", x),
+    let (member, value) = match &f.content {
+        Content::Plain {
+            stored: Stored::Text(t),
+            ..
+        } => ("text", t),
+        Content::Plain {
+            stored: Stored::Base64(x),
+            ..
+        } => ("base64", x),
         _ => panic!("{path} is not embedded"),
     };
     let needle = format!("\"{member}\":{}", serde_json::to_string(value).unwrap());
@@ -628,17 +644,11 @@ fn corrupt_shard_header_fails_only_that_shard() {
 fn file_entry(path: &str, text: &str) -> FileEntry {
     FileEntry {
         path: path.into(),
-        kind: FileKind::File,
         size: text.len() as u64,
-        xxh3: Some(Digest(xxh3_64(text.as_bytes()))),
-        text: Some(text.into()),
-        base64: None,
-        blob: None,
-        safetensors_header: None,
-        safetensors_header_xxh3: None,
-        data_length: None,
-        data_blob: None,
-        tensors: None,
+        content: Content::Plain {
+            xxh3: Digest(xxh3_64(text.as_bytes())),
+            stored: Stored::Text(text.into()),
+        },
     }
 }
 
@@ -756,8 +766,10 @@ fn hostile_headers_are_refused_by_name() {
             "dangling blob",
             {
                 let mut f = file_entry("big.bin", "");
-                f.text = None;
-                f.blob = Some(9);
+                f.content = Content::Plain {
+                    xxh3: Digest(0),
+                    stored: Stored::Blob(9),
+                };
                 base_header(vec![f], vec![], 0)
             },
             vec![],

@@ -8,7 +8,7 @@
 mod common;
 mod mount_util;
 
-use ckptfs::format::blz as blzfmt;
+use ckptfs::format::blz::{self as blzfmt, Content, Stored};
 use common::{gauss_bf16, gauss_f16, gauss_f32, safetensors_file};
 use mount_util::Mount;
 use std::collections::BTreeMap;
@@ -206,9 +206,15 @@ fn find_in(bytes: &[u8], range: Range<usize>, needle: &[u8]) -> usize {
 fn embedded_range(bytes: &[u8], path: &str) -> Range<usize> {
     let p = blzfmt::parse(bytes).unwrap();
     let f = p.header.files.iter().find(|f| f.path == path).unwrap();
-    let (member, value) = match (&f.text, &f.base64) {
-        (Some(t), _) => ("text", t),
-        (None, Some(b)) => ("base64", b),
+    let (member, value) = match &f.content {
+        Content::Plain {
+            stored: Stored::Text(t),
+            ..
+        } => ("text", t),
+        Content::Plain {
+            stored: Stored::Base64(b),
+            ..
+        } => ("base64", b),
         _ => panic!("{path} is not embedded"),
     };
     let literal = serde_json::to_string(value).unwrap();
@@ -261,7 +267,7 @@ fn damage_tensor(bytes: &mut [u8], tensor: &str) {
         .header
         .files
         .iter()
-        .flat_map(|f| f.tensors.clone().unwrap_or_default())
+        .flat_map(|f| f.tensors().to_vec())
         .find(|t| t.name == tensor)
         .unwrap();
     let b = &p.header.blobs[t.blob.unwrap() as usize];
@@ -277,7 +283,7 @@ fn swap_tensor_blob(bytes: &mut [u8], tensor: &str, other: &str) {
         .header
         .files
         .iter()
-        .flat_map(|f| f.tensors.clone().unwrap_or_default())
+        .flat_map(|f| f.tensors().to_vec())
         .collect();
     let t = tensors.iter().find(|t| t.name == tensor).unwrap();
     let o = tensors.iter().find(|t| t.name == other).unwrap();
@@ -298,7 +304,7 @@ fn swap_tensor_blob(bytes: &mut [u8], tensor: &str, other: &str) {
         .header
         .files
         .iter()
-        .flat_map(|f| f.tensors.clone().unwrap_or_default())
+        .flat_map(|f| f.tensors().to_vec())
         .find(|x| x.name == tensor)
         .unwrap();
     assert_eq!(moved.blob, o.blob);

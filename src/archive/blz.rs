@@ -21,7 +21,7 @@
 use super::frame_block::{block_index, decode_unit_block, frame_grid, shared_grid, GridError};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
-    self, BlobEntry, BlzError, Encoding, FileEntry, FileKind, Header as BlzHeader, Parsed,
+    self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
 };
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
@@ -111,27 +111,27 @@ impl BlzArchive {
         for f in &h.files {
             let mut segments = Vec::new();
             let prefix_len;
-            match f.kind {
-                FileKind::File => match f.blob {
-                    Some(b) => {
-                        prefix_len = 0;
-                        name(b, &|| f.path.clone());
-                        segments.push((
-                            Segment {
-                                start: 0,
-                                len: f.size,
-                                unit: b,
-                            },
-                            f.xxh3.map(|d| (0..f.size, d.0)).into_iter().collect(),
-                        ));
-                    }
-                    None => prefix_len = f.size,
-                },
-                FileKind::Safetensors => {
-                    let sh = f.safetensors_header.as_deref().unwrap_or_default();
-                    prefix_len = 8 + sh.len() as u64;
-                    let dlen = f.data_length.unwrap_or_default();
-                    match f.data_blob {
+            match &f.content {
+                Content::Plain {
+                    xxh3,
+                    stored: Stored::Blob(b),
+                } => {
+                    prefix_len = 0;
+                    name(*b, &|| f.path.clone());
+                    segments.push((
+                        Segment {
+                            start: 0,
+                            len: f.size,
+                            unit: *b,
+                        },
+                        vec![(0..f.size, xxh3.0)],
+                    ));
+                }
+                Content::Plain { .. } => prefix_len = f.size,
+                Content::Shard(sh) => {
+                    prefix_len = 8 + sh.header.len() as u64;
+                    let dlen = sh.data_length;
+                    match sh.data_blob {
                         Some(b) => {
                             name(b, &|| format!("{}: data buffer", f.path));
                             segments.push((
@@ -140,16 +140,14 @@ impl BlzArchive {
                                     len: dlen,
                                     unit: b,
                                 },
-                                f.tensors
-                                    .as_deref()
-                                    .unwrap_or_default()
+                                sh.tensors
                                     .iter()
                                     .map(|t| (t.data_offsets[0]..t.data_offsets[1], t.xxh3.0))
                                     .collect(),
                             ));
                         }
                         None => {
-                            for t in f.tensors.as_deref().unwrap_or_default() {
+                            for t in &sh.tensors {
                                 let b = t.blob.expect("validated");
                                 name(b, &|| format!("{}: tensor {:?}", f.path, t.name));
                                 segments.push((
@@ -298,7 +296,7 @@ impl BlzArchive {
     /// that hold it, checked against the tensor's xxh3.
     pub fn tensor_bytes(&self, i: usize, t: usize) -> Result<Vec<u8>> {
         let f = &self.entries()[i];
-        let te = &f.tensors.as_deref().unwrap_or_default()[t];
+        let te = &f.tensors()[t];
         let mut out = vec![0u8; te.len() as usize];
         let start = self.slots[i].prefix_len + te.data_offsets[0];
         self.read_at(i, start, &mut out)?;
@@ -336,16 +334,15 @@ impl BlzArchive {
 /// The in-memory prefix of a file, its digest and (for shards) the original
 /// header's agreement with the tensor list checked.
 fn build_prefix(f: &FileEntry) -> std::result::Result<Vec<u8>, String> {
-    match f.kind {
-        FileKind::Safetensors => {
-            let sh = f.safetensors_header.as_deref().unwrap_or_default();
-            if Some(xxh3_64(sh.as_bytes())) != f.safetensors_header_xxh3.map(|d| d.0) {
+    match &f.content {
+        Content::Shard(shard) => {
+            let sh = &shard.header;
+            if xxh3_64(sh.as_bytes()) != shard.header_xxh3.0 {
                 return Err("checksum mismatch in the safetensors header".into());
             }
-            let dlen = f.data_length.unwrap_or_default();
-            let h = StHeader::parse(sh.as_bytes(), dlen)
+            let h = StHeader::parse(sh.as_bytes(), shard.data_length)
                 .map_err(|e| format!("stored safetensors header: {e}"))?;
-            let tensors = f.tensors.as_deref().unwrap_or_default();
+            let tensors = &shard.tensors;
             let mut mine: Vec<(u64, u64, &str, &str, &[u64])> = tensors
                 .iter()
                 .map(|t| {
@@ -381,16 +378,16 @@ fn build_prefix(f: &FileEntry) -> std::result::Result<Vec<u8>, String> {
             v.extend_from_slice(sh.as_bytes());
             Ok(v)
         }
-        FileKind::File => {
-            let content = match (&f.text, &f.base64) {
-                (Some(t), _) => t.as_bytes().to_vec(),
-                (None, Some(b)) => base64::engine::general_purpose::STANDARD
+        Content::Plain { xxh3, stored } => {
+            let content = match stored {
+                Stored::Text(t) => t.as_bytes().to_vec(),
+                Stored::Base64(b) => base64::engine::general_purpose::STANDARD
                     .decode(b)
                     .map_err(|e| format!("invalid base64 content: {e}"))?,
                 // Stored in a blob: no prefix, checked by its blocks.
-                (None, None) => return Ok(Vec::new()),
+                Stored::Blob(_) => return Ok(Vec::new()),
             };
-            if content.len() as u64 != f.size || Some(xxh3_64(&content)) != f.xxh3.map(|d| d.0) {
+            if content.len() as u64 != f.size || xxh3_64(&content) != xxh3.0 {
                 return Err("checksum mismatch in the embedded content".into());
             }
             Ok(content)
@@ -507,17 +504,19 @@ impl ArchiveView for BlzArchive {
         let (mut raw_bytes, mut shards, mut tensors_n) = (0u64, 0usize, 0usize);
         for (i, f) in self.entries().iter().enumerate() {
             raw_bytes += f.size;
-            match f.kind {
-                FileKind::File => {
-                    if let Some(b) = f.blob {
-                        if Some(digests[b as usize]) != f.xxh3.map(|d| d.0) {
-                            return Err(self.integrity(format!("{}: checksum mismatch", f.path)));
-                        }
+            match &f.content {
+                Content::Plain {
+                    xxh3,
+                    stored: Stored::Blob(b),
+                } => {
+                    if digests[*b as usize] != xxh3.0 {
+                        return Err(self.integrity(format!("{}: checksum mismatch", f.path)));
                     }
                 }
-                FileKind::Safetensors => {
+                Content::Plain { .. } => {}
+                Content::Shard(sh) => {
                     shards += 1;
-                    let tensors = f.tensors.as_deref().unwrap_or_default();
+                    let tensors = &sh.tensors;
                     tensors_n += tensors.len();
                     for (t, te) in tensors.iter().enumerate() {
                         let ok = match te.blob {

@@ -6,7 +6,7 @@
 use super::{progress, Global, Result};
 use crate::archive::{ArchiveView, BlzArchive};
 use crate::cli::{ExtractArgs, ListArgs};
-use crate::format::blz::{FileKind, MAGIC};
+use crate::format::blz::{Content, FileKind, Stored, MAGIC};
 use crate::fsutil::write_atomic;
 use crate::pack::{pack_dir, BlzOptions, PackOptions};
 use std::io::{Read, Write};
@@ -69,13 +69,9 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
     let shards = a
         .entries()
         .iter()
-        .filter(|f| f.kind == FileKind::Safetensors)
+        .filter(|f| f.kind() == FileKind::Safetensors)
         .count();
-    let tensors: usize = a
-        .entries()
-        .iter()
-        .map(|f| f.tensors.as_ref().map_or(0, |t| t.len()))
-        .sum();
+    let tensors: usize = a.entries().iter().map(|f| f.tensors().len()).sum();
     let ratio = raw as f64 / a.stored_len().max(1) as f64;
     let encodings = {
         let mut m = std::collections::BTreeMap::<String, usize>::new();
@@ -92,9 +88,9 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
             .map(|f| {
                 serde_json::json!({
                     "path": f.path,
-                    "kind": f.kind,
+                    "kind": f.kind(),
                     "size": f.size,
-                    "tensors": f.tensors.as_ref().map_or(0, |t| t.len()),
+                    "tensors": f.tensors().len(),
                 })
             })
             .collect();
@@ -133,17 +129,26 @@ pub fn info(path: &Path, json: bool) -> Result<()> {
     println!("  ratio         {ratio:.4}");
     println!("  {:<56} {:>12} {:>8}  kind", "path", "size", "tensors");
     for f in a.entries() {
-        let stored = match (&f.text, &f.base64) {
-            (Some(_), _) => "file (text)",
-            (_, Some(_)) => "file (base64)",
-            _ if f.kind == FileKind::Safetensors => "safetensors",
-            _ => "file (blob)",
+        let stored = match &f.content {
+            Content::Plain {
+                stored: Stored::Text(_),
+                ..
+            } => "file (text)",
+            Content::Plain {
+                stored: Stored::Base64(_),
+                ..
+            } => "file (base64)",
+            Content::Plain {
+                stored: Stored::Blob(_),
+                ..
+            } => "file (blob)",
+            Content::Shard(_) => "safetensors",
         };
         println!(
             "  {:<56} {:>12} {:>8}  {stored}",
             f.path,
             f.size,
-            f.tensors.as_ref().map_or(0, |t| t.len()),
+            f.tensors().len(),
         );
     }
     Ok(())
@@ -153,7 +158,7 @@ pub fn list(_g: Global, a: ListArgs) -> Result<ExitCode> {
     let ar = open(&a.input)?;
     let mut out = std::io::stdout().lock();
     for f in ar.entries() {
-        for t in f.tensors.as_deref().unwrap_or_default() {
+        for t in f.tensors() {
             if a.filter
                 .as_ref()
                 .is_some_and(|s| !t.name.contains(s.as_str()))
@@ -187,7 +192,7 @@ fn find_tensor(a: &BlzArchive, spec: &str) -> Result<(usize, usize)> {
             if file.is_some_and(|p| p != f.path) {
                 continue;
             }
-            for (t, te) in f.tensors.as_deref().unwrap_or_default().iter().enumerate() {
+            for (t, te) in f.tensors().iter().enumerate() {
                 if te.name == name {
                     v.push((i, t));
                 }
@@ -240,7 +245,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         let mut datas = Vec::with_capacity(picked.len());
         let mut off = 0u64;
         for &(i, t) in &picked {
-            let te = &ar.entries()[i].tensors.as_deref().unwrap_or_default()[t];
+            let te = &ar.entries()[i].tensors()[t];
             if header.contains_key(&te.name) {
                 return Err(format!("tensor {:?} named twice", te.name).into());
             }
@@ -273,7 +278,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     for &(i, t) in &picked {
-        let te = &ar.entries()[i].tensors.as_deref().unwrap_or_default()[t];
+        let te = &ar.entries()[i].tensors()[t];
         let d = ar.tensor_bytes(i, t)?;
         let p = a
             .output

@@ -111,9 +111,9 @@ fn parse_hex64(s: &str) -> Option<u64> {
     u64::from_str_radix(s, 16).ok()
 }
 
-/// The whole header. Field order is the rendering order; `header_xxh3` must
-/// stay last (see [`render_header`]).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// The whole header, checked. Field order is the rendering order;
+/// `header_xxh3` must stay last (see [`render_header`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Header {
     /// Length of DATA: the file length minus prelude and header.
     pub data_length: u64,
@@ -125,6 +125,17 @@ pub struct Header {
     pub header_xxh3: Digest,
 }
 
+/// The header as it is written: files as [`FileRecord`]s, whose fields
+/// are checked and turned into [`FileEntry`]s by [`parse`].
+#[derive(Deserialize)]
+struct WireHeader {
+    data_length: u64,
+    data_sha256: String,
+    files: Vec<FileRecord>,
+    blobs: Vec<BlobEntry>,
+    header_xxh3: Digest,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
@@ -132,10 +143,177 @@ pub enum FileKind {
     File,
 }
 
-/// One file of the directory. Which fields are present depends on `kind`
-/// (checked by [`parse`]).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// One file of the directory, checked: its content is one of the kinds
+/// the format has. Written as a [`FileRecord`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(into = "FileRecord")]
 pub struct FileEntry {
+    /// Relative, `/`-separated, no `.`/`..`/empty components.
+    pub path: String,
+    /// Size of the file when unpacked.
+    pub size: u64,
+    pub content: Content,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Content {
+    /// A plain file: the xxh3 of its bytes, and where they are.
+    Plain { xxh3: Digest, stored: Stored },
+    /// A safetensors shard.
+    Shard(Shard),
+}
+
+/// Where a plain file's bytes are.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stored {
+    /// Embedded in the header as UTF-8 text.
+    Text(String),
+    /// Embedded in the header as base64 (standard alphabet, padded).
+    Base64(String),
+    /// In DATA, as a blob.
+    Blob(u32),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shard {
+    /// The original header JSON, verbatim (padding included).
+    pub header: String,
+    pub header_xxh3: Digest,
+    /// Length of the data buffer.
+    pub data_length: u64,
+    /// Shards whose tensors do not tile the data buffer: the blob holding
+    /// the whole buffer (the tensors then have no blob of their own).
+    pub data_blob: Option<u32>,
+    /// Tensors in data-buffer order.
+    pub tensors: Vec<TensorEntry>,
+}
+
+impl FileEntry {
+    pub fn kind(&self) -> FileKind {
+        match self.content {
+            Content::Plain { .. } => FileKind::File,
+            Content::Shard(_) => FileKind::Safetensors,
+        }
+    }
+    /// The shard's tensors (none for a plain file).
+    pub fn tensors(&self) -> &[TensorEntry] {
+        match &self.content {
+            Content::Shard(s) => &s.tensors,
+            Content::Plain { .. } => &[],
+        }
+    }
+    pub fn shard(&self) -> Option<&Shard> {
+        match &self.content {
+            Content::Shard(s) => Some(s),
+            Content::Plain { .. } => None,
+        }
+    }
+}
+
+impl From<FileEntry> for FileRecord {
+    fn from(f: FileEntry) -> FileRecord {
+        let mut r = FileRecord {
+            path: f.path,
+            kind: FileKind::File,
+            size: f.size,
+            xxh3: None,
+            text: None,
+            base64: None,
+            blob: None,
+            safetensors_header: None,
+            safetensors_header_xxh3: None,
+            data_length: None,
+            data_blob: None,
+            tensors: None,
+        };
+        match f.content {
+            Content::Plain { xxh3, stored } => {
+                r.xxh3 = Some(xxh3);
+                match stored {
+                    Stored::Text(t) => r.text = Some(t),
+                    Stored::Base64(b) => r.base64 = Some(b),
+                    Stored::Blob(b) => r.blob = Some(b),
+                }
+            }
+            Content::Shard(s) => {
+                r.kind = FileKind::Safetensors;
+                r.safetensors_header = Some(s.header);
+                r.safetensors_header_xxh3 = Some(s.header_xxh3);
+                r.data_length = Some(s.data_length);
+                r.data_blob = s.data_blob;
+                r.tensors = Some(s.tensors);
+            }
+        }
+        r
+    }
+}
+
+impl TryFrom<FileRecord> for FileEntry {
+    type Error = BlzError;
+    /// Checks that the record has exactly the fields its kind needs.
+    fn try_from(r: FileRecord) -> Result<FileEntry> {
+        let bad = |what: &str| {
+            Err(BlzError::File {
+                path: r.path.clone(),
+                what: what.to_string(),
+            })
+        };
+        let content = match r.kind {
+            FileKind::File => {
+                if r.safetensors_header.is_some()
+                    || r.safetensors_header_xxh3.is_some()
+                    || r.data_length.is_some()
+                    || r.data_blob.is_some()
+                    || r.tensors.is_some()
+                {
+                    return bad("a plain file has shard fields");
+                }
+                let Some(xxh3) = r.xxh3 else {
+                    return bad("has no xxh3");
+                };
+                let stored = match (r.text, r.base64, r.blob) {
+                    (Some(t), None, None) => Stored::Text(t),
+                    (None, Some(b), None) => Stored::Base64(b),
+                    (None, None, Some(i)) => Stored::Blob(i),
+                    _ => return bad("needs exactly one of text, base64, blob"),
+                };
+                Content::Plain { xxh3, stored }
+            }
+            FileKind::Safetensors => {
+                if r.xxh3.is_some() || r.text.is_some() || r.base64.is_some() || r.blob.is_some() {
+                    return bad("a shard has plain-file fields");
+                }
+                let (Some(header), Some(header_xxh3), Some(data_length), Some(tensors)) = (
+                    r.safetensors_header,
+                    r.safetensors_header_xxh3,
+                    r.data_length,
+                    r.tensors,
+                ) else {
+                    return bad(
+                        "a shard needs safetensors_header, safetensors_header_xxh3, data_length and tensors",
+                    );
+                };
+                Content::Shard(Shard {
+                    header,
+                    header_xxh3,
+                    data_length,
+                    data_blob: r.data_blob,
+                    tensors,
+                })
+            }
+        };
+        Ok(FileEntry {
+            path: r.path,
+            size: r.size,
+            content,
+        })
+    }
+}
+
+/// One file of the directory as the header JSON writes it: which fields
+/// are present depends on `kind` ([`FileEntry`] is the checked form).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileRecord {
     /// Relative, `/`-separated, no `.`/`..`/empty components.
     pub path: String,
     pub kind: FileKind,
@@ -358,8 +536,19 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
     }
     let data_start = PRELUDE_LEN + hlen;
     let json = &bytes[PRELUDE_LEN as usize..data_start as usize];
-    let header: Header =
+    let wire: WireHeader =
         serde_json::from_slice(json).map_err(|e| BlzError::InvalidJson(e.to_string()))?;
+    let header = Header {
+        data_length: wire.data_length,
+        data_sha256: wire.data_sha256,
+        files: wire
+            .files
+            .into_iter()
+            .map(FileEntry::try_from)
+            .collect::<Result<_>>()?,
+        blobs: wire.blobs,
+        header_xxh3: wire.header_xxh3,
+    };
     validate(&header, file_len - data_start)?;
     Ok(Parsed {
         header,
@@ -508,27 +697,15 @@ fn check_files(h: &Header) -> Result<()> {
                 what,
             })
         };
-        match f.kind {
-            FileKind::File => {
-                if f.safetensors_header.is_some()
-                    || f.safetensors_header_xxh3.is_some()
-                    || f.data_length.is_some()
-                    || f.data_blob.is_some()
-                    || f.tensors.is_some()
-                {
-                    return bad("a plain file has shard fields".into());
-                }
-                if f.xxh3.is_none() {
-                    return bad("has no xxh3".into());
-                }
-                let len = match (&f.text, &f.base64, f.blob) {
-                    (Some(t), None, None) => t.len() as u64,
-                    (None, Some(b), None) => match base64_decoded_len(b) {
+        match &f.content {
+            Content::Plain { stored, .. } => {
+                let len = match stored {
+                    Stored::Text(t) => t.len() as u64,
+                    Stored::Base64(b) => match base64_decoded_len(b) {
                         Some(n) => n,
                         None => return bad("base64 content has an invalid length".into()),
                     },
-                    (None, None, Some(i)) => blob(&f.path, i)?.decoded_length,
-                    _ => return bad("needs exactly one of text, base64, blob".into()),
+                    Stored::Blob(i) => blob(&f.path, *i)?.decoded_length,
                 };
                 if len != f.size {
                     return bad(format!(
@@ -537,32 +714,19 @@ fn check_files(h: &Header) -> Result<()> {
                     ));
                 }
             }
-            FileKind::Safetensors => {
-                if f.xxh3.is_some() || f.text.is_some() || f.base64.is_some() || f.blob.is_some() {
-                    return bad("a shard has plain-file fields".into());
-                }
-                let (Some(sh), Some(_), Some(dlen), Some(tensors)) = (
-                    &f.safetensors_header,
-                    f.safetensors_header_xxh3,
-                    f.data_length,
-                    &f.tensors,
-                ) else {
-                    return bad(
-                        "a shard needs safetensors_header, safetensors_header_xxh3, data_length and tensors"
-                            .into(),
-                    );
-                };
-                let size = (sh.len() as u64)
+            Content::Shard(sh) => {
+                let dlen = sh.data_length;
+                let size = (sh.header.len() as u64)
                     .checked_add(8)
                     .and_then(|n| n.checked_add(dlen));
                 if size != Some(f.size) {
                     return bad(format!(
                         "size is {} but 8 + header {} + data {dlen} differ",
                         f.size,
-                        sh.len()
+                        sh.header.len()
                     ));
                 }
-                check_tensors(f, tensors, dlen, &blob)?;
+                check_tensors(f, sh, &blob)?;
             }
         }
     }
@@ -571,10 +735,10 @@ fn check_files(h: &Header) -> Result<()> {
 
 fn check_tensors<'h>(
     f: &FileEntry,
-    tensors: &[TensorEntry],
-    dlen: u64,
+    sh: &Shard,
     blob: &dyn Fn(&str, u32) -> Result<&'h BlobEntry>,
 ) -> Result<()> {
+    let (tensors, dlen) = (&sh.tensors, sh.data_length);
     let terr = |t: &TensorEntry, what: String| {
         Err(BlzError::Tensor {
             path: f.path.clone(),
@@ -582,7 +746,7 @@ fn check_tensors<'h>(
             what,
         })
     };
-    match f.data_blob {
+    match sh.data_blob {
         Some(i) => {
             let b = blob(&f.path, i)?;
             if b.decoded_length != dlen {
@@ -671,17 +835,11 @@ mod tests {
         let mut h = empty_header();
         h.files.push(FileEntry {
             path: "a/b.txt".into(),
-            kind: FileKind::File,
             size: 2,
-            xxh3: Some(Digest(xxh3_64(b"hi"))),
-            text: Some("hi".into()),
-            base64: None,
-            blob: None,
-            safetensors_header: None,
-            safetensors_header_xxh3: None,
-            data_length: None,
-            data_blob: None,
-            tensors: None,
+            content: Content::Plain {
+                xxh3: Digest(xxh3_64(b"hi")),
+                stored: Stored::Text("hi".into()),
+            },
         });
         let json = render_header(&h);
         check_header_digest(&json).unwrap();

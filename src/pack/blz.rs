@@ -21,7 +21,8 @@
 use super::tensor::{digests, encode_tensor};
 use super::{BlzOptions, BlzStats};
 use crate::format::blz::{
-    self, BlobEntry, BlockEntry, Digest, Encoding, FileEntry, FileKind, Header, TensorEntry,
+    self, BlobEntry, BlockEntry, Content as FileContent, Digest, Encoding, FileEntry, Header,
+    Shard, Stored, TensorEntry,
 };
 use crate::format::frame::BLOCK_BYTES;
 use crate::format::safetensors::{self, Dtype};
@@ -272,33 +273,22 @@ pub fn pack_dir(
     };
     let mut files = Vec::with_capacity(inputs.len());
     for (i, inp) in inputs.iter().enumerate() {
-        let mut e = FileEntry {
-            path: inp.rel.clone(),
-            kind: FileKind::File,
-            size: inp.bytes().len() as u64,
-            xxh3: None,
-            text: None,
-            base64: None,
-            blob: None,
-            safetensors_header: None,
-            safetensors_header_xxh3: None,
-            data_length: None,
-            data_blob: None,
-            tensors: None,
-        };
-        stats.raw_bytes += e.size;
-        match &inp.content {
-            Content::Small(v) => {
-                e.xxh3 = Some(Digest(xxh3_64(v)));
-                match std::str::from_utf8(v) {
-                    Ok(s) => e.text = Some(s.to_string()),
-                    Err(_) => e.base64 = Some(base64::engine::general_purpose::STANDARD.encode(v)),
-                }
-            }
+        let size = inp.bytes().len() as u64;
+        stats.raw_bytes += size;
+        let content = match &inp.content {
+            Content::Small(v) => FileContent::Plain {
+                xxh3: Digest(xxh3_64(v)),
+                stored: match std::str::from_utf8(v) {
+                    Ok(s) => Stored::Text(s.to_string()),
+                    Err(_) => Stored::Base64(base64::engine::general_purpose::STANDARD.encode(v)),
+                },
+            },
             Content::Large(m) => {
                 let h = hash_of[&(i, None)];
-                e.xxh3 = Some(Digest(h));
-                e.blob = Some(blobs.add(m, h, None));
+                FileContent::Plain {
+                    xxh3: Digest(h),
+                    stored: Stored::Blob(blobs.add(m, h, None)),
+                }
             }
             Content::Shard {
                 header, data_start, ..
@@ -308,14 +298,8 @@ pub fn pack_dir(
                 let data = &inp.bytes()[*data_start..];
                 let sh = std::str::from_utf8(&header.raw)
                     .map_err(|e| BlzPackError::Internal(e.to_string()))?;
-                e.kind = FileKind::Safetensors;
-                e.safetensors_header = Some(sh.to_string());
-                e.safetensors_header_xxh3 = Some(Digest(xxh3_64(&header.raw)));
-                e.data_length = Some(data.len() as u64);
                 let tiles = header.tiles(data.len() as u64);
-                if !tiles {
-                    e.data_blob = Some(blobs.add(data, hash_of[&(i, None)], None));
-                }
+                let data_blob = (!tiles).then(|| blobs.add(data, hash_of[&(i, None)], None));
                 // Tensors in data order, as the file lays them out.
                 let mut order: Vec<usize> = (0..header.tensors.len()).collect();
                 order.sort_by_key(|&t| header.tensors[t].begin);
@@ -339,9 +323,20 @@ pub fn pack_dir(
                         blob,
                     });
                 }
-                e.tensors = Some(ts);
+                FileContent::Shard(Shard {
+                    header: sh.to_string(),
+                    header_xxh3: Digest(xxh3_64(&header.raw)),
+                    data_length: data.len() as u64,
+                    data_blob,
+                    tensors: ts,
+                })
             }
-        }
+        };
+        let e = FileEntry {
+            path: inp.rel.clone(),
+            size,
+            content,
+        };
         files.push(e);
     }
     stats.deduplicated = blobs.dedup_hits;
