@@ -7,7 +7,8 @@ fn main() -> ExitCode {
     match ckptfs::commands::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ckptfs: {e}");
+            // `{:#}`: the error and its context on one line ("path: cause").
+            eprintln!("ckptfs: {e:#}");
             ExitCode::from(1)
         }
     }

@@ -9,6 +9,7 @@ use crate::cli::{ExtractArgs, ListArgs};
 use crate::format::blz::{Content, FileKind, Stored, MAGIC};
 use crate::fsutil::write_atomic;
 use crate::pack::{pack_dir, BlzOptions, PackOptions};
+use anyhow::Context as _;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -207,9 +208,12 @@ fn find_tensor(a: &BlzArchive, spec: &str) -> Result<(usize, usize)> {
         }
     }
     match found.len() {
-        0 => Err(format!("{}: no tensor {spec:?}", a.path().display()).into()),
+        0 => Err(anyhow::anyhow!(
+            "{}: no tensor {spec:?}",
+            a.path().display()
+        )),
         1 => Ok(found[0]),
-        _ => Err(format!(
+        _ => Err(anyhow::anyhow!(
             "{}: tensor {spec:?} is in {}; name it as FILE:NAME",
             a.path().display(),
             found
@@ -217,8 +221,7 @@ fn find_tensor(a: &BlzArchive, spec: &str) -> Result<(usize, usize)> {
                 .map(|(i, _)| a.entries()[*i].path.as_str())
                 .collect::<Vec<_>>()
                 .join(" and ")
-        )
-        .into()),
+        )),
     }
 }
 
@@ -229,11 +232,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         .iter()
         .map(|s| find_tensor(&ar, s))
         .collect::<Result<_>>()?;
-    std::fs::create_dir_all(&a.output).map_err(|e| format!("{}: {e}", a.output.display()))?;
-    let werr = |p: &Path| {
-        let p = p.display().to_string();
-        move |e: std::io::Error| format!("{p}: {e}")
-    };
+    std::fs::create_dir_all(&a.output).with_context(|| a.output.display().to_string())?;
     if a.safetensors {
         let stem = a
             .input
@@ -247,7 +246,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         for &(i, t) in &picked {
             let te = &ar.entries()[i].tensors()[t];
             if header.contains_key(&te.name) {
-                return Err(format!("tensor {:?} named twice", te.name).into());
+                return Err(anyhow::anyhow!("tensor {:?} named twice", te.name));
             }
             let d = ar.tensor_bytes(i, t)?;
             header.insert(
@@ -273,7 +272,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
             }
             Ok(())
         })
-        .map_err(werr(&p))?;
+        .with_context(|| p.display().to_string())?;
         eprintln!("{}: {} tensors", p.display(), picked.len());
         return Ok(ExitCode::SUCCESS);
     }
@@ -283,7 +282,7 @@ pub fn extract(_g: Global, a: ExtractArgs) -> Result<ExitCode> {
         let p = a
             .output
             .join(format!("{}.bin", te.name.replace(['/', '\0'], "_")));
-        write_atomic(&p, a.force, |w| w.write_all(&d)).map_err(werr(&p))?;
+        write_atomic(&p, a.force, |w| w.write_all(&d)).with_context(|| p.display().to_string())?;
         eprintln!(
             "{}: {} {:?} {} bytes",
             p.display(),

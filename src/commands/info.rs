@@ -5,6 +5,7 @@ use crate::archive::{ArchiveView, ZstnArchive};
 use crate::codec::plane::method_name;
 use crate::format::frame::Frame;
 use crate::format::zstn::{Layout, RecordKind};
+use anyhow::Context as _;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -138,7 +139,7 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
 }
 
 fn frame_info(path: &std::path::Path, bytes: &[u8]) -> Result<FileInfo> {
-    let f = Frame::parse(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = Frame::parse(bytes).with_context(|| path.display().to_string())?;
     let raw = f.decoded_len();
     let (frame, methods) = frame_desc(&f);
     let mut info = FileInfo {

@@ -9,6 +9,7 @@ mod unpack;
 mod verify;
 
 use crate::cli::{Cli, Command};
+use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -18,8 +19,8 @@ pub fn unpack_to(a: &dyn crate::archive::ArchiveView, w: &mut dyn std::io::Write
     Ok(crate::archive::write_to(a, 0, w, &|_| {})?)
 }
 
-pub type Error = Box<dyn std::error::Error + Send + Sync>;
-pub type Result<T> = std::result::Result<T, Error>;
+pub type Error = anyhow::Error;
+pub type Result<T> = anyhow::Result<T>;
 
 /// Options shared by every subcommand.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +33,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
             .build_global()
-            .map_err(|e| format!("cannot start {n} threads: {e}"))?;
+            .with_context(|| format!("cannot start {n} threads"))?;
     }
     let g = Global { quiet: cli.quiet };
     match cli.command {
@@ -75,26 +76,25 @@ pub enum Input {
 
 pub fn open_input(path: &std::path::Path) -> Result<Input> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut f = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     let mut magic = [0u8; 8];
     let n = f
         .read(&mut magic)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .with_context(|| path.display().to_string())?;
     if crate::archive::Kind::detect(&magic[..n]).is_some() {
         return Ok(Input::Archive(crate::archive::open(path)?));
     }
     match &magic[..n.min(4)] {
         b"Z4AI" | b"ZSP1" | b"ZPL1" => {
             // SAFETY: read-only private map of a file we only read.
-            let map = unsafe { memmap2::Mmap::map(&f) }
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let map =
+                unsafe { memmap2::Mmap::map(&f) }.with_context(|| path.display().to_string())?;
             Ok(Input::Frame(map))
         }
-        m => Err(format!(
+        m => Err(anyhow::anyhow!(
             "{}: not a ZSTN archive or z4ai frame (magic {:?})",
             path.display(),
             String::from_utf8_lossy(m)
-        )
-        .into()),
+        )),
     }
 }

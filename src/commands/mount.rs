@@ -16,6 +16,7 @@ use super::{Global, Result};
 use crate::cli::{MountArgs, UmountArgs};
 use crate::fs::{CheckpointFs, FsConfig};
 use crate::fuse::CheckpointFuse;
+use anyhow::Context as _;
 use fuser::{Config, MountOption, Session, SessionACL};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -116,27 +117,26 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
     let store = a
         .store
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", a.store.display()))?;
+        .with_context(|| a.store.display().to_string())?;
     if !store.is_dir() {
-        return Err(format!("{}: not a directory", store.display()).into());
+        return Err(anyhow::anyhow!("{}: not a directory", store.display()));
     }
     let mountpoint = a
         .mountpoint
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
+        .with_context(|| a.mountpoint.display().to_string())?;
     if !mountpoint.is_dir() {
-        return Err(format!("{}: not a directory", mountpoint.display()).into());
+        return Err(anyhow::anyhow!("{}: not a directory", mountpoint.display()));
     }
     if store.starts_with(&mountpoint) {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "{}: the store must not be inside the mountpoint {}",
             store.display(),
             mountpoint.display()
-        )
-        .into());
+        ));
     }
     let cache_bytes = match &a.cache_size {
-        Some(s) => parse_size(s)?,
+        Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
         None => default_cache_bytes(),
     };
     if a.foreground {
@@ -148,19 +148,22 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
 
 fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Result<ExitCode> {
     if mountinfo_has(mountpoint) {
-        return Err(format!("{}: already a ckptfs mount", mountpoint.display()).into());
+        return Err(anyhow::anyhow!(
+            "{}: already a ckptfs mount",
+            mountpoint.display()
+        ));
     }
     let log = a.log_file.clone().unwrap_or_else(|| log_path(mountpoint));
     if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     }
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
+        .with_context(|| log.display().to_string())?;
     let start_len = out.metadata().map(|m| m.len()).unwrap_or(0);
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let exe = std::env::current_exe().context("cannot find own executable")?;
     let mut cmd = std::process::Command::new(exe);
     if let Some(n) = threads {
         cmd.arg("--threads").arg(n.to_string());
@@ -193,9 +196,7 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the mount daemon: {e}"))?;
+    let mut child = cmd.spawn().context("cannot start the mount daemon")?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if mountinfo_has(mountpoint) {
@@ -223,7 +224,7 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
                 msg.push_str(l);
             }
             msg.push_str(&format!("\n  (log: {})", log.display()));
-            return Err(msg.into());
+            anyhow::bail!(msg);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -293,7 +294,7 @@ fn foreground(
         ttl: Duration::from_secs(1),
         read_only: a.read_only,
     })
-    .map_err(|e| format!("{}: {e}", store.display()))?;
+    .with_context(|| store.display().to_string())?;
     let fs = std::sync::Arc::new(fs);
     // Modes of created files arrive with the caller's umask applied; the
     // daemon's own must not apply twice.
@@ -329,7 +330,7 @@ fn foreground(
     // comes up still unmounts it.
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
-        .map_err(|e| format!("{}: cannot mount: {e}", mountpoint.display()))?;
+        .with_context(|| format!("{}: cannot mount", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
     let mp = mountpoint.clone();
     std::thread::spawn(move || raise_read_ahead(&mp, 16 << 10));
@@ -358,7 +359,7 @@ fn foreground(
         })?;
     session
         .run()
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+        .with_context(|| mountpoint.display().to_string())?;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     fs.wake_writeback();
     let _ = writeback.join();
@@ -381,7 +382,7 @@ pub fn umount(_g: Global, a: UmountArgs) -> Result<ExitCode> {
     let mp = a
         .mountpoint
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
+        .with_context(|| a.mountpoint.display().to_string())?;
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if root {
@@ -395,7 +396,7 @@ pub fn umount(_g: Global, a: UmountArgs) -> Result<ExitCode> {
             } else {
                 ""
             };
-            return Err(format!("{}: {e}{hint}", mp.display()).into());
+            return Err(anyhow::anyhow!("{}: {e}{hint}", mp.display()));
         }
     } else {
         let mut cmd = std::process::Command::new("fusermount3");
@@ -403,12 +404,9 @@ pub fn umount(_g: Global, a: UmountArgs) -> Result<ExitCode> {
         if a.lazy {
             cmd.arg("-z");
         }
-        let st = cmd
-            .arg(&mp)
-            .status()
-            .map_err(|e| format!("fusermount3: {e}"))?;
+        let st = cmd.arg(&mp).status().context("fusermount3")?;
         if !st.success() {
-            return Err(format!("{}: fusermount3 -u failed", mp.display()).into());
+            return Err(anyhow::anyhow!("{}: fusermount3 -u failed", mp.display()));
         }
     }
     Ok(ExitCode::SUCCESS)

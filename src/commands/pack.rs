@@ -4,6 +4,7 @@ use super::{progress, Global, Result};
 use crate::cli::PackArgs;
 use crate::fsutil::write_atomic;
 use crate::pack::{pack, PackOptions, PackStats};
+use anyhow::Context as _;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,9 +21,9 @@ pub fn default_output(input: &Path) -> PathBuf {
 }
 
 fn map(path: &Path) -> Result<Option<memmap2::Mmap>> {
-    let f = fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = fs::File::open(path).with_context(|| path.display().to_string())?;
     if f.metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?
+        .with_context(|| path.display().to_string())?
         .len()
         == 0
     {
@@ -32,7 +33,7 @@ fn map(path: &Path) -> Result<Option<memmap2::Mmap>> {
     // (a concurrent writer could make the output inconsistent, which the
     // checksums written from the same bytes would not catch).
     Ok(Some(
-        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("{}: {e}", path.display()))?,
+        unsafe { memmap2::Mmap::map(&f) }.with_context(|| path.display().to_string())?,
     ))
 }
 
@@ -48,8 +49,7 @@ pub fn pack_file(
     let m = map(input)?;
     let bytes: &[u8] = m.as_deref().unwrap_or(&[]);
     // Validate first so that nothing is written for a malformed input.
-    crate::format::safetensors::split_file(bytes)
-        .map_err(|e| format!("{}: {e}", input.display()))?;
+    crate::format::safetensors::split_file(bytes).with_context(|| input.display().to_string())?;
     let pb = progress(g, bytes.len() as u64, "pack");
     let mut stats = None;
     write_atomic(output, force, |w| {
@@ -58,7 +58,7 @@ pub fn pack_file(
         stats = Some(s);
         Ok(())
     })
-    .map_err(|e| format!("{}: {e}", output.display()))?;
+    .with_context(|| output.display().to_string())?;
     pb.finish_and_clear();
     Ok(stats.expect("set on success"))
 }
@@ -85,16 +85,16 @@ pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
         .filter(|o| o.to_string_lossy().ends_with(".blz"))
     {
         if a.recursive {
-            return Err("-r packs into a store directory; an output ending in .blz is one archive (drop -r)".into());
+            anyhow::bail!("-r packs into a store directory; an output ending in .blz is one archive (drop -r)");
         }
         super::blz::pack(g, &a.input, out, a.raw, a.level, a.force)?;
         return Ok(ExitCode::SUCCESS);
     }
     if a.raw {
-        return Err("--raw applies to .blz archives only (-o NAME.blz)".into());
+        anyhow::bail!("--raw applies to .blz archives only (-o NAME.blz)");
     }
     if a.recursive {
-        let out = a.output.clone().ok_or("pack -r needs -o STORE_DIR")?;
+        let out = a.output.clone().context("pack -r needs -o STORE_DIR")?;
         let t = Instant::now();
         let (raw, stored) = pack_tree(g, &a.input, &out, opts, a.force)?;
         eprintln!(
@@ -109,11 +109,10 @@ pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if a.input.is_dir() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "{}: is a directory (use -r to pack a tree)",
             a.input.display()
-        )
-        .into());
+        ));
     }
     let out = a.output.clone().unwrap_or_else(|| default_output(&a.input));
     let t = Instant::now();
@@ -133,37 +132,34 @@ pub fn pack_tree(
     force: bool,
 ) -> Result<(u64, u64)> {
     if !src.is_dir() {
-        return Err(format!("{}: not a directory", src.display()).into());
+        return Err(anyhow::anyhow!("{}: not a directory", src.display()));
     }
     let (mut raw, mut stored) = (0u64, 0u64);
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let sdir = src.join(&rel);
         let ddir = dst.join(&rel);
-        fs::create_dir_all(&ddir).map_err(|e| format!("{}: {e}", ddir.display()))?;
+        fs::create_dir_all(&ddir).with_context(|| ddir.display().to_string())?;
         let mut entries: Vec<_> = fs::read_dir(&sdir)
-            .map_err(|e| format!("{}: {e}", sdir.display()))?
+            .with_context(|| sdir.display().to_string())?
             .collect::<std::io::Result<_>>()
-            .map_err(|e| format!("{}: {e}", sdir.display()))?;
+            .with_context(|| sdir.display().to_string())?;
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let name = e.file_name();
             let rel_path = rel.join(&name);
             let sp = src.join(&rel_path);
-            let ft = e
-                .file_type()
-                .map_err(|err| format!("{}: {err}", sp.display()))?;
+            let ft = e.file_type().with_context(|| sp.display().to_string())?;
             if ft.is_dir() {
                 stack.push(rel_path);
             } else if ft.is_symlink() {
-                let target =
-                    fs::read_link(&sp).map_err(|err| format!("{}: {err}", sp.display()))?;
+                let target = fs::read_link(&sp).with_context(|| sp.display().to_string())?;
                 let dp = dst.join(&rel_path);
                 if force {
                     let _ = fs::remove_file(&dp);
                 }
                 std::os::unix::fs::symlink(&target, &dp)
-                    .map_err(|err| format!("{}: {err}", dp.display()))?;
+                    .with_context(|| dp.display().to_string())?;
             } else if name.to_string_lossy().ends_with(".safetensors") {
                 let dp = default_output(&dst.join(&rel_path));
                 let t = Instant::now();
@@ -181,7 +177,7 @@ pub fn pack_tree(
             }
         }
     }
-    crate::fsutil::sync_dir(dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+    crate::fsutil::sync_dir(dst).with_context(|| dst.display().to_string())?;
     Ok((raw, stored))
 }
 
@@ -192,7 +188,7 @@ fn copy_atomic(src: &Path, dst: &Path, force: bool) -> Result<u64> {
         n = std::io::copy(&mut f, w)?;
         Ok(())
     })
-    .map_err(|e| format!("{}: {e}", dst.display()))?;
+    .with_context(|| dst.display().to_string())?;
     if let Ok(m) = fs::metadata(src) {
         let _ = fs::set_permissions(dst, m.permissions());
     }

@@ -5,6 +5,7 @@ use crate::archive::{write_to, ArchiveView};
 use crate::cli::UnpackArgs;
 use crate::format::frame::Frame;
 use crate::fsutil::write_atomic;
+use anyhow::Context as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,19 +52,18 @@ pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
             write_atomic(&out, a.force, |w| {
                 write_to(&*archive, 0, w, &|n| pb.inc(n)).map_err(std::io::Error::other)
             })
-            .map_err(|e| format!("{oname}: {e}"))?;
+            .with_context(|| oname.clone())?;
             pb.finish_and_clear();
         }
         Input::Frame(map) => {
             let out = a.output.unwrap_or_else(|| default_output(&a.input, true));
             let oname = out.display().to_string();
-            let frame = Frame::parse(&map).map_err(|e| format!("{}: {e}", a.input.display()))?;
+            let frame = Frame::parse(&map).with_context(|| a.input.display().to_string())?;
             let mut buf = vec![0u8; frame.decoded_len() as usize];
             frame
                 .decode(&mut buf)
-                .map_err(|e| format!("{}: {e}", a.input.display()))?;
-            write_atomic(&out, a.force, |w| w.write_all(&buf))
-                .map_err(|e| format!("{oname}: {e}"))?;
+                .with_context(|| a.input.display().to_string())?;
+            write_atomic(&out, a.force, |w| w.write_all(&buf)).with_context(|| oname.clone())?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -81,7 +81,10 @@ fn unpack_dir(g: Global, a: &dyn ArchiveView, out: &Path, force: bool) -> Result
         for i in 0..a.files() {
             let p = out.join(a.file_path(i));
             if p.symlink_metadata().is_ok() {
-                return Err(format!("{}: exists (use --force to replace it)", p.display()).into());
+                return Err(anyhow::anyhow!(
+                    "{}: exists (use --force to replace it)",
+                    p.display()
+                ));
             }
         }
     }
@@ -90,16 +93,16 @@ fn unpack_dir(g: Global, a: &dyn ArchiveView, out: &Path, force: bool) -> Result
     for i in 0..a.files() {
         let p = out.join(a.file_path(i));
         if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
         }
         write_atomic(&p, force, |w| {
             write_to(a, i, w, &|n| pb.inc(n)).map_err(std::io::Error::other)
         })
-        .map_err(|e| format!("{}: {e}", p.display()))?;
+        .with_context(|| p.display().to_string())?;
         // Temporary files are created 0600; a model directory is shared.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| format!("{}: {e}", p.display()))?;
+            .with_context(|| p.display().to_string())?;
     }
     pb.finish_and_clear();
     Ok(())

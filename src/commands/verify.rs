@@ -3,6 +3,7 @@
 use super::{open_input, progress, Global, Input, Result};
 use crate::archive::ArchiveView;
 use crate::format::frame::Frame;
+use anyhow::Context as _;
 use std::process::ExitCode;
 
 /// Checks one archive fully. Returns a one-line description on success.
@@ -20,10 +21,10 @@ pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
         let r: Result<String> = match open_input(path) {
             Ok(Input::Archive(ar)) => verify_archive(&*ar, g),
             Ok(Input::Frame(map)) => (|| {
-                let f = Frame::parse(&map).map_err(|e| format!("{}: {e}", path.display()))?;
+                let f = Frame::parse(&map).with_context(|| path.display().to_string())?;
                 let mut out = vec![0u8; f.decoded_len() as usize];
                 f.decode(&mut out)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .with_context(|| path.display().to_string())?;
                 Ok(format!(
                     "z4ai frame {}, {} -> {} bytes",
                     f.kind_tag(),
