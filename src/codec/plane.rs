@@ -6,7 +6,8 @@
 //! and [`decode_plane_range`] decodes only the blocks that cover a byte range.
 //! Methods 1, 3 and 5 decode as a whole.
 
-use super::{rans, zstd, CodecError, Cursor, Result};
+use super::{rans, zstd, CodecError, Result};
+use crate::format::cursor::Cursor;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 

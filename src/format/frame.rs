@@ -11,7 +11,9 @@
 
 use crate::codec::plane::{self, PlaneBlocks};
 use crate::codec::transform::{self, BitfieldSpec};
-use crate::codec::{rans, zstd, CodecError, Cursor, Result};
+use crate::codec::{rans, zstd};
+use crate::format::cursor::Cursor;
+use crate::format::error::{CodecError, Result};
 use std::ops::Range;
 
 /// The largest ratio of decoded to stored bytes a frame may claim before we

@@ -2,6 +2,8 @@
 
 pub mod blz;
 pub mod ckx;
+pub mod cursor;
+pub mod error;
 pub mod frame;
 pub mod safetensors;
 pub mod zstn;

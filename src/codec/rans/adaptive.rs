@@ -18,7 +18,8 @@ use super::{
     normalize_freqs, out_len_is_large, rans_err, read_freq_table, zstd_decode_first_frame,
     DecodeTable, FreqTable, CHUNK_FLAG, PAR_MIN_BYTES, PROB_SCALE,
 };
-use crate::codec::{CodecError, Cursor, Result};
+use crate::codec::{CodecError, Result};
+use crate::format::cursor::Cursor;
 use rayon::prelude::*;
 use std::ops::Range;
 

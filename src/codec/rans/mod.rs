@@ -32,8 +32,8 @@
 //! Each coder's tests sit beside it (method 4's in `adaptive_tests.rs`);
 //! `test_util.rs` holds the test-only encoders of methods 3 and 5 and the
 //! data generators they share. Nothing here does I/O or knows about frames;
-//! the only dependencies are `codec`'s error type and `Cursor`, zstd (for the
-//! packed tables) and rayon.
+//! the only dependencies are the error type, the format's `Cursor`, zstd
+//! (for the packed tables) and rayon.
 
 use super::{CodecError, Result};
 use std::ops::Range;

@@ -13,7 +13,8 @@ use super::{
     read_freq_table, split_chunks, FreqTable, CHUNK_FLAG, PAR_MIN_BYTES, PROB_BITS, PROB_SCALE,
     RANS_L,
 };
-use crate::codec::{CodecError, Cursor, Result};
+use crate::codec::{CodecError, Result};
+use crate::format::cursor::Cursor;
 use rayon::prelude::*;
 
 // ---------------------------------------------------------------------------

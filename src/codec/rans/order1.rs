@@ -11,7 +11,8 @@ use super::{
     careful_read, chunk_offsets, length_mismatch, out_len_is_large, rans_err, read2_unchecked,
     split_chunks, zstd_decode_first_frame, O1_PROB_BITS, O1_SCALE, RANS_L,
 };
-use crate::codec::{CodecError, Cursor, Result};
+use crate::codec::{CodecError, Result};
+use crate::format::cursor::Cursor;
 use rayon::prelude::*;
 
 /// Segments per order-1 chunk; z4ai ignores the header byte and assumes 4.
