@@ -12,9 +12,10 @@
 //! The map is private and read-only. The file must not be truncated in place
 //! while it is open (ckptfs itself only ever replaces files by rename).
 
+use crate::codec::frame::RansTables;
 use crate::codec::CodecError;
 use crate::format::ckx::{self, Extension};
-use crate::format::frame::{block_grid, Frame, RansTables};
+use crate::format::frame::{block_grid, Frame};
 use crate::format::safetensors::{Header, TensorEntry};
 use crate::format::zstn::{Layout, Record, RecordKind, Zstn, ZstnError};
 use memmap2::Mmap;

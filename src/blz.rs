@@ -29,11 +29,11 @@ use crate::archive::{
     decode_frame_block, frame_grid, ArchiveError, Backing, BlockError, BlockKey, Grid, GridError,
     Piece, PieceSource,
 };
+use crate::codec::frame::RansTables;
 use crate::codec::CodecError;
 use crate::format::blz::{
     self, BlobEntry, BlzError, Encoding, FileEntry, FileKind, Header as BlzHeader, Parsed,
 };
-use crate::format::frame::RansTables;
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
 use rayon::prelude::*;
