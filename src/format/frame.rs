@@ -10,13 +10,12 @@
 //! bytes each one reads. [`render_z4ai`] writes a frame.
 //!
 //! Decoding (`Frame::decode`, `ElementAccess::decode_elements`) lives in
-//! `codec::frame`: nothing here decodes a payload or uses rayon.
+//! `codec::frame`: nothing here decodes a payload or uses rayon, and nothing
+//! here depends on `codec` (plane layouts come from `format::plane`).
 
-use crate::codec::plane::{self, PlaneBlocks};
-use crate::codec::rans;
-use crate::codec::transform::BitfieldSpec;
 use crate::format::cursor::Cursor;
 use crate::format::error::{CodecError, Result};
+use crate::format::plane::{self, PlaneBlocks};
 use std::ops::Range;
 
 /// The largest ratio of decoded to stored bytes a frame may claim before we
@@ -48,6 +47,53 @@ pub fn block_grid<'a>(
     let mut bounds: Vec<u64> = access.grid().iter().map(|e| e * eb).collect();
     *bounds.last_mut().expect("grid has two bounds") = decoded_len;
     Ok((bounds, eb, Some(access)))
+}
+
+/// A bit-field layout `(total_bits, exp_bits, mantissa_bits)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitfieldSpec {
+    pub name: &'static str,
+    pub total_bits: u32,
+    pub exp_bits: u32,
+    pub mant_bits: u32,
+}
+
+pub const BFLOAT16: BitfieldSpec = BitfieldSpec {
+    name: "bfloat16",
+    total_bits: 16,
+    exp_bits: 8,
+    mant_bits: 7,
+};
+pub const FLOAT16: BitfieldSpec = BitfieldSpec {
+    name: "float16",
+    total_bits: 16,
+    exp_bits: 5,
+    mant_bits: 10,
+};
+pub const FLOAT32: BitfieldSpec = BitfieldSpec {
+    name: "float32",
+    total_bits: 32,
+    exp_bits: 8,
+    mant_bits: 23,
+};
+
+impl BitfieldSpec {
+    /// z4ai looks names up without aliasing; so do we.
+    pub fn by_name(name: &[u8]) -> Option<BitfieldSpec> {
+        [BFLOAT16, FLOAT16, FLOAT32]
+            .into_iter()
+            .find(|s| s.name.as_bytes() == name)
+    }
+    pub fn elem_bytes(&self) -> usize {
+        (self.total_bits / 8) as usize
+    }
+    pub fn mant_planes(&self) -> usize {
+        self.mant_bits.div_ceil(8) as usize
+    }
+    /// Sizes of the sign, exponent and mantissa planes for `count` elements.
+    pub fn plane_lens(&self, count: usize) -> [usize; 3] {
+        [count.div_ceil(8), count, count * self.mant_planes()]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -436,7 +482,7 @@ impl<'a> ElementAccess<'a> {
             let step = match b {
                 PlaneBlocks::Stored(_) => continue,
                 PlaneBlocks::Zstd(_) => 1,
-                PlaneBlocks::Rans(_) => rans::CHUNK_GROUP,
+                PlaneBlocks::Rans(_) => plane::CHUNK_GROUP,
             };
             let starts: Vec<u64> = (0..b.count())
                 .step_by(step)

@@ -5,5 +5,6 @@ pub mod ckx;
 pub mod cursor;
 pub mod error;
 pub mod frame;
+pub mod plane;
 pub mod safetensors;
 pub mod zstn;

@@ -1,131 +1,34 @@
 //! Plane method 4, the adaptive order-0 coder (spec §4.4): `k` chunks, each an
 //! order-0 stream with its own table, the `k` tables packed into one zstd
-//! frame. [`AdaptivePayload`] parses a payload for random access to its
-//! chunks; [`AdaptivePayload::decode_chunks`] decodes a run of chunks
-//! together (AVX-512 groups when available); [`decode_method4`] and
-//! [`encode_method4`] handle whole planes.
+//! frame. The payload's layout ([`AdaptivePayload`]: parsing, chunk bounds
+//! and bytes) is in `format::plane`; this file decodes it: the tables
+//! ([`AdaptivePayload::freq_tables`]), one chunk, or a run of chunks together
+//! ([`AdaptivePayload::decode_chunks`], AVX-512 groups when available);
+//! [`decode_method4`] and [`encode_method4`] handle whole planes.
 //!
-//! Invariants: parsing checks the header and that every chunk lies inside the
-//! payload before anything is decoded, and allocates at most one offset per
-//! 4 payload bytes; chunk `j` always covers symbols `[j*n/k, (j+1)*n/k)`; the
-//! SIMD and scalar decoders give the same output and the same errors.
+//! Invariants: nothing is decoded before `AdaptivePayload::parse` has checked
+//! the header and that every chunk lies inside the payload; chunk `j` always
+//! covers symbols `[j*n/k, (j+1)*n/k)`; the SIMD and scalar decoders give the
+//! same output and the same errors.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
 use super::order0::{encode_with, EncTable};
 use super::{
-    check_table_sum, chunk_offsets, chunk_range, decode_stream_with, histogram, length_mismatch,
-    normalize_freqs, out_len_is_large, rans_err, read_freq_table, zstd_decode_first_frame,
-    DecodeTable, FreqTable, CHUNK_FLAG, PAR_MIN_BYTES, PROB_SCALE,
+    check_table_sum, chunk_range, decode_stream_with, histogram, length_mismatch, normalize_freqs,
+    out_len_is_large, rans_err, read_freq_table, zstd_decode_first_frame, DecodeTable, FreqTable,
+    PAR_MIN_BYTES, PROB_SCALE,
 };
 use crate::codec::{CodecError, Result};
-use crate::format::cursor::Cursor;
+use crate::format::plane::{AdaptivePayload, ADAPT_FLAG, CHUNK_GROUP};
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// Bit 62 of the method-4 count (`_ADAPT_FLAG`).
-const ADAPT_FLAG: u64 = 1 << 62;
 
 // ---------------------------------------------------------------------------
 // Method 4
 // ---------------------------------------------------------------------------
 
-/// Parsed view of a method-4 (adaptive order-0) payload, for random access to
-/// its chunks.
-#[derive(Debug, Clone)]
-pub struct AdaptivePayload<'a> {
-    pub(super) n: u64,
-    pub(super) k: usize,
-    freq_blob: &'a [u8],
-    /// The concatenated chunk streams.
-    pub(super) body: &'a [u8],
-    /// k + 1 offsets into `body`.
-    pub(super) starts: Vec<usize>,
-}
-
-impl<'a> AdaptivePayload<'a> {
-    /// Parse and validate the header, the chunk-length table and the layout.
-    /// The only allocation is the offset table, at most `payload.len() / 4`
-    /// entries. Trailing bytes after the last chunk are ignored, as z4ai does.
-    pub fn parse(payload: &'a [u8]) -> Result<Self> {
-        let mut c = Cursor::new(payload);
-        let raw = c.u64("method-4 count")?;
-        if raw == 0 {
-            // z4ai writes an empty plane as the 8 bytes `u64 0`.
-            return Ok(AdaptivePayload {
-                n: 0,
-                k: 0,
-                freq_blob: &[],
-                body: &[],
-                starts: vec![0],
-            });
-        }
-        if raw & ADAPT_FLAG == 0 {
-            return Err(CodecError::invalid(
-                "method-4 payload",
-                "count without the bit-62 adaptive flag",
-            ));
-        }
-        if raw & CHUNK_FLAG != 0 {
-            return Err(CodecError::invalid(
-                "method-4 payload",
-                "count has bit 63 set (n >= 2^62)",
-            ));
-        }
-        let n = raw & !ADAPT_FLAG;
-        let k = c.u32("method-4 chunk count")? as usize;
-        let fbl = c.u32("method-4 freq blob length")?;
-        if k == 0 && n != 0 {
-            return Err(CodecError::invalid(
-                "method-4 payload",
-                format!("0 chunks for {n} symbols"),
-            ));
-        }
-        let clens = c.take(4 * k as u64, "method-4 chunk lengths")?;
-        let freq_blob = c.take(u64::from(fbl), "method-4 freq blob")?;
-        let body = c.rest();
-        let starts = chunk_offsets(clens, body.len(), "method-4 chunk streams")?;
-        Ok(AdaptivePayload {
-            n,
-            k,
-            freq_blob,
-            body,
-            starts,
-        })
-    }
-
-    /// Number of symbols n.
-    pub fn len(&self) -> u64 {
-        self.n
-    }
-
-    /// True if the plane is empty.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
-    /// Number of chunks k.
-    pub fn chunks(&self) -> usize {
-        self.k
-    }
-
-    /// Symbol range `[j*n/k, (j+1)*n/k)` of chunk j. Panics if `j >= k`.
-    pub fn chunk_bounds(&self, j: usize) -> Range<u64> {
-        assert!(j < self.k, "chunk {j} out of range ({} chunks)", self.k);
-        chunk_range(self.n, self.k, j)
-    }
-
-    /// Compressed bytes of chunk j. Panics if `j >= k`.
-    pub fn chunk_payload(&self, j: usize) -> &'a [u8] {
-        assert!(j < self.k, "chunk {j} out of range ({} chunks)", self.k);
-        &self.body[self.starts[j]..self.starts[j + 1]]
-    }
-
-    /// The zstd frame holding the k frequency tables.
-    pub fn freq_blob(&self) -> &'a [u8] {
-        self.freq_blob
-    }
-
+impl AdaptivePayload<'_> {
     /// Decode the k frequency tables (the blob must decode to exactly k*512
     /// bytes, which bounds the output) and check that each sums to 16384.
     pub fn freq_tables(&self) -> Result<Vec<FreqTable>> {
@@ -236,10 +139,6 @@ impl DecodeTables {
         self.t.get(j.checked_sub(self.first)?)
     }
 }
-
-/// Chunks decoded together by [`AdaptivePayload::decode_chunks`] (one SIMD
-/// lane each).
-pub const CHUNK_GROUP: usize = 16;
 
 impl AdaptivePayload<'_> {
     /// Symbol range of the consecutive chunks `js` (non-empty, in range).

@@ -25,18 +25,19 @@
 //!
 //! * `model.rs`: byte histograms and their normalisation to frequency tables;
 //! * `order0.rs`: the 4-lane order-0 stream coder and plane method 3;
-//! * `adaptive.rs`: plane method 4 (per-chunk tables, multi-chunk decoding);
+//! * `adaptive.rs`: plane method 4 (per-chunk tables, multi-chunk decoding;
+//!   the payload layout, `AdaptivePayload`, is parsed in `format::plane`);
 //! * `avx512.rs`: the AVX-512 decoder of method-4 chunk groups (x86-64 only);
 //! * `order1.rs`: the order-1 decoder, plane method 5.
 //!
 //! Each coder's tests sit beside it (method 4's in `adaptive_tests.rs`);
 //! `test_util.rs` holds the test-only encoders of methods 3 and 5 and the
 //! data generators they share. Nothing here does I/O or knows about frames;
-//! the only dependencies are the error type, the format's `Cursor`, zstd
-//! (for the packed tables) and rayon.
+//! the only dependencies are the error type, the format's `Cursor` and
+//! method-4 layout, zstd (for the packed tables) and rayon.
 
 use super::{CodecError, Result};
-use std::ops::Range;
+use crate::format::plane::{chunk_offsets, chunk_range, CHUNK_FLAG};
 
 mod adaptive;
 #[cfg(target_arch = "x86_64")]
@@ -47,7 +48,8 @@ mod order1;
 #[cfg(test)]
 mod test_util;
 
-pub use adaptive::{decode_method4, encode_method4, AdaptivePayload, DecodeTables, CHUNK_GROUP};
+pub use crate::format::plane::{AdaptivePayload, CHUNK_GROUP};
+pub use adaptive::{decode_method4, encode_method4, DecodeTables};
 pub use model::{histogram, normalize_freqs, normalize_freqs_to};
 pub use order0::{decode_method3, decode_stream, decode_stream_with, encode_stream, DecodeTable};
 pub use order1::decode_method5;
@@ -66,8 +68,6 @@ pub const O1_SCALE: u32 = 1 << O1_PROB_BITS;
 /// A normalised order-0 frequency table; sums to exactly [`PROB_SCALE`].
 pub type FreqTable = [u16; 256];
 
-/// Bit 63 of the method-3 count (`_CHUNK_FLAG`).
-const CHUNK_FLAG: u64 = 1 << 63;
 /// Planes at least this large are decoded/encoded in parallel over chunks.
 const PAR_MIN_BYTES: usize = 1 << 20;
 /// z4ai decodes zstd with `max_window_size = 1 << 27`.
@@ -99,13 +99,6 @@ fn read_freq_table(bytes: &[u8]) -> FreqTable {
     t
 }
 
-/// `[j*n/k, (j+1)*n/k)` without overflow.
-fn chunk_range(n: u64, k: usize, j: usize) -> Range<u64> {
-    let lo = (u128::from(n) * j as u128 / k as u128) as u64;
-    let hi = (u128::from(n) * (j as u128 + 1) / k as u128) as u64;
-    lo..hi
-}
-
 /// Split `out` (len n) into the k chunk slices `[j*n/k, (j+1)*n/k)`.
 fn split_chunks(out: &mut [u8], k: usize) -> Vec<&mut [u8]> {
     let n = out.len() as u64;
@@ -126,26 +119,6 @@ fn length_mismatch(what: &'static str, got: u64, expected: usize) -> CodecError 
         got,
         expected: expected as u64,
     }
-}
-
-/// Read `k` u32 chunk lengths from `clens` and check that the chunks fit in
-/// `avail` bytes; returns the k+1 chunk start offsets relative to the first.
-fn chunk_offsets(clens: &[u8], avail: usize, what: &'static str) -> Result<Vec<usize>> {
-    let mut starts = Vec::with_capacity(clens.len() / 4 + 1);
-    let mut acc = 0u64;
-    starts.push(0);
-    for c in clens.chunks_exact(4) {
-        acc += u64::from(u32::from_le_bytes(c.try_into().unwrap()));
-        if acc > avail as u64 {
-            return Err(CodecError::Truncated {
-                what,
-                need: acc,
-                have: avail as u64,
-            });
-        }
-        starts.push(acc as usize);
-    }
-    Ok(starts)
 }
 
 /// Big-endian u16 at `p` without a bounds check.
