@@ -8,9 +8,10 @@
 //! is one block.
 
 use super::{ArchiveView, BlockKey, Result};
+use crate::codec::frame::RansTables;
 use crate::codec::CodecError;
 use crate::format::ckx;
-use crate::format::frame::{block_grid, Frame, RansTables};
+use crate::format::frame::{block_grid, Frame};
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 

@@ -1,41 +1,17 @@
-//! Plane methods 0-5 of the Z4AI frame (z4ai `backend.py`), and random access
-//! inside the block-structured ones.
+//! Decoding of plane methods 0-5 of the Z4AI frame (z4ai `backend.py`), and
+//! random access inside the block-structured ones.
 //!
 //! Methods 0 (stored), 2 (zstd blocks) and 4 (adaptive rANS chunks) can be
-//! decoded piecewise: [`PlaneBlocks`] describes a plane's independent blocks,
-//! and [`decode_plane_range`] decodes only the blocks that cover a byte range.
-//! Methods 1, 3 and 5 decode as a whole.
+//! decoded piecewise: [`PlaneBlocks`] (parsed in `format::plane`, with the
+//! method ids, re-exported here) describes a plane's independent blocks, and
+//! [`PlaneBlocks::decode_range`] decodes only the blocks that cover a byte
+//! range. Methods 1, 3 and 5 decode as a whole ([`decode_plane`]).
 
-use super::{rans, zstd, CodecError, Cursor, Result};
+use super::{rans, zstd, CodecError, Result};
+pub use crate::format::plane::{
+    method_name, PlaneBlocks, ZstdBlocks, RANS, RANS_ADAPT, RANS_O1, STORE, ZSTD, ZSTD_BLOCKS,
+};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-pub const STORE: u8 = 0;
-pub const ZSTD: u8 = 1;
-pub const ZSTD_BLOCKS: u8 = 2;
-pub const RANS: u8 = 3;
-pub const RANS_ADAPT: u8 = 4;
-pub const RANS_O1: u8 = 5;
-
-/// Bytes produced by plane decoders in this process (stored planes excluded).
-/// Tests use it to prove that a range read decodes only what it covers.
-pub static DECODED_BYTES: AtomicU64 = AtomicU64::new(0);
-
-fn count(n: usize) {
-    DECODED_BYTES.fetch_add(n as u64, Ordering::Relaxed);
-}
-
-pub fn method_name(m: u8) -> &'static str {
-    match m {
-        STORE => "store",
-        ZSTD => "zstd",
-        ZSTD_BLOCKS => "zstd_blocks",
-        RANS => "rans_o0",
-        RANS_ADAPT => "rans_o0_adaptive",
-        RANS_O1 => "rans_o1",
-        _ => "unknown",
-    }
-}
 
 /// Decodes a whole plane into `out` (its `orig_len` bytes).
 pub fn decode_plane(method: u8, payload: &[u8], out: &mut [u8]) -> Result<()> {
@@ -74,146 +50,17 @@ pub fn decode_plane(method: u8, payload: &[u8], out: &mut [u8]) -> Result<()> {
             ));
         }
     }
-    count(out.len());
     Ok(())
 }
 
-/// A parsed method-2 payload.
-#[derive(Debug, Clone)]
-pub struct ZstdBlocks<'a> {
-    pub block_size: u32,
-    orig_len: u64,
-    /// Start offsets of each block inside `data`, plus the end.
-    offsets: Vec<usize>,
-    data: &'a [u8],
-}
-
-impl<'a> ZstdBlocks<'a> {
-    pub fn parse(payload: &'a [u8], orig_len: u64) -> Result<Self> {
-        let mut c = Cursor::new(payload);
-        let block_size = c.u32("zstd blocks header")?;
-        let n = c.u32("zstd blocks header")? as u64;
-        if block_size == 0 && orig_len > 0 {
-            return Err(CodecError::invalid("zstd blocks", "block size 0"));
-        }
-        let expect = if orig_len == 0 {
-            0
-        } else {
-            orig_len.div_ceil(block_size as u64)
-        };
-        if n != expect {
-            return Err(CodecError::invalid(
-                "zstd blocks",
-                format!("{n} blocks of {block_size} bytes cannot hold {orig_len} bytes"),
-            ));
-        }
-        let table = c.take(n * 4, "zstd blocks length table")?;
-        let mut offsets = Vec::with_capacity(n as usize + 1);
-        let mut pos = 0usize;
-        offsets.push(0);
-        for l in table.chunks_exact(4) {
-            pos = pos
-                .checked_add(u32::from_le_bytes(l.try_into().unwrap()) as usize)
-                .ok_or_else(|| CodecError::invalid("zstd blocks", "length overflow"))?;
-            offsets.push(pos);
-        }
-        let data = c.rest();
-        if pos != data.len() {
-            return Err(CodecError::invalid(
-                "zstd blocks",
-                format!("block lengths sum to {pos}, payload holds {}", data.len()),
-            ));
-        }
-        Ok(ZstdBlocks {
-            block_size,
-            orig_len,
-            offsets,
-            data,
-        })
-    }
-    pub fn count(&self) -> usize {
-        self.offsets.len() - 1
-    }
-    pub fn bounds(&self, i: usize) -> Range<u64> {
-        let b = i as u64 * self.block_size as u64;
-        b..(b + self.block_size as u64).min(self.orig_len)
-    }
-    pub fn payload(&self, i: usize) -> &'a [u8] {
-        &self.data[self.offsets[i]..self.offsets[i + 1]]
-    }
+impl ZstdBlocks<'_> {
     pub fn decode_block(&self, i: usize, out: &mut [u8]) -> Result<()> {
         zstd::decompress_exact(self.payload(i), out, "zstd block")?;
-        count(out.len());
         Ok(())
     }
 }
 
-/// The independent blocks of a random-access plane.
-pub enum PlaneBlocks<'a> {
-    Stored(&'a [u8]),
-    Zstd(ZstdBlocks<'a>),
-    Rans(rans::AdaptivePayload<'a>),
-}
-
-impl<'a> PlaneBlocks<'a> {
-    /// `None` when the method needs a whole-plane decode (1, 3, 5).
-    pub fn parse(method: u8, payload: &'a [u8], orig_len: u64) -> Result<Option<Self>> {
-        Ok(match method {
-            STORE => Some(PlaneBlocks::Stored(payload)),
-            ZSTD_BLOCKS => Some(PlaneBlocks::Zstd(ZstdBlocks::parse(payload, orig_len)?)),
-            RANS_ADAPT => {
-                let p = rans::AdaptivePayload::parse(payload)?;
-                if p.len() != orig_len {
-                    return Err(CodecError::LengthMismatch {
-                        what: "rANS plane",
-                        got: p.len(),
-                        expected: orig_len,
-                    });
-                }
-                Some(PlaneBlocks::Rans(p))
-            }
-            _ => None,
-        })
-    }
-
-    /// Number of blocks (a stored plane is one block).
-    pub fn count(&self) -> usize {
-        match self {
-            PlaneBlocks::Stored(_) => 1,
-            PlaneBlocks::Zstd(z) => z.count(),
-            PlaneBlocks::Rans(r) => r.chunks(),
-        }
-    }
-
-    pub fn bounds(&self, i: usize) -> Range<u64> {
-        match self {
-            PlaneBlocks::Stored(p) => 0..p.len() as u64,
-            PlaneBlocks::Zstd(z) => z.bounds(i),
-            PlaneBlocks::Rans(r) => r.chunk_bounds(i),
-        }
-    }
-
-    /// Index of the block that holds plane byte `pos` (pos < plane length).
-    pub fn block_of(&self, pos: u64) -> usize {
-        match self {
-            PlaneBlocks::Stored(_) => 0,
-            PlaneBlocks::Zstd(z) => (pos / z.block_size as u64) as usize,
-            PlaneBlocks::Rans(r) => {
-                // Chunk j starts at floor(j*n/k); search is exact and cheap.
-                let (mut lo, mut hi) = (0usize, r.chunks());
-                while hi - lo > 1 {
-                    let mid = (lo + hi) / 2;
-                    if r.chunk_bounds(mid).start <= pos {
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                lo
-            }
-        }
-    }
-
+impl PlaneBlocks<'_> {
     /// Decodes plane bytes `range` into `out` (`out.len() == range.len()`),
     /// touching only the blocks that cover it.
     pub fn decode_range(
@@ -301,7 +148,6 @@ fn decode_rans_range(
                 Ok(())
             })?;
         }
-        count((span.end - span.start) as usize);
         Ok(())
     })
 }

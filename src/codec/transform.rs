@@ -9,6 +9,7 @@
 //! reader can rebuild an element range from partial planes.
 
 use super::{CodecError, Result};
+pub use crate::format::frame::{BitfieldSpec, BFLOAT16, FLOAT16, FLOAT32};
 
 /// Splits `body` (a whole number of `w`-byte elements) into `w` planes.
 pub fn byteplane_split(body: &[u8], w: usize) -> Vec<Vec<u8>> {
@@ -76,53 +77,6 @@ pub fn byteplane_join(planes: &[&[u8]], out: &mut [u8]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A bit-field layout `(total_bits, exp_bits, mantissa_bits)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BitfieldSpec {
-    pub name: &'static str,
-    pub total_bits: u32,
-    pub exp_bits: u32,
-    pub mant_bits: u32,
-}
-
-pub const BFLOAT16: BitfieldSpec = BitfieldSpec {
-    name: "bfloat16",
-    total_bits: 16,
-    exp_bits: 8,
-    mant_bits: 7,
-};
-pub const FLOAT16: BitfieldSpec = BitfieldSpec {
-    name: "float16",
-    total_bits: 16,
-    exp_bits: 5,
-    mant_bits: 10,
-};
-pub const FLOAT32: BitfieldSpec = BitfieldSpec {
-    name: "float32",
-    total_bits: 32,
-    exp_bits: 8,
-    mant_bits: 23,
-};
-
-impl BitfieldSpec {
-    /// z4ai looks names up without aliasing; so do we.
-    pub fn by_name(name: &[u8]) -> Option<BitfieldSpec> {
-        [BFLOAT16, FLOAT16, FLOAT32]
-            .into_iter()
-            .find(|s| s.name.as_bytes() == name)
-    }
-    pub fn elem_bytes(&self) -> usize {
-        (self.total_bits / 8) as usize
-    }
-    pub fn mant_planes(&self) -> usize {
-        self.mant_bits.div_ceil(8) as usize
-    }
-    /// Sizes of the sign, exponent and mantissa planes for `count` elements.
-    pub fn plane_lens(&self, count: usize) -> [usize; 3] {
-        [count.div_ceil(8), count, count * self.mant_planes()]
-    }
 }
 
 fn load(e: &[u8]) -> u32 {

@@ -4,14 +4,18 @@
 //!
 //! [`Frame::parse`] validates the structure without decoding anything and
 //! without allocating from a length field: every length is checked against the
-//! bytes that hold it. [`Frame::decode`] writes into a caller-sized buffer
-//! that must equal [`Frame::decoded_len`]. For frames whose planes are all
-//! block-structured (methods 0, 2, 4), [`Frame::decode_elements`] rebuilds
-//! any element range from the covering blocks only.
+//! bytes that hold it, and [`Frame::decoded_len`] follows from the structure
+//! alone. For frames whose planes are all block-structured (methods 0, 2, 4),
+//! [`ElementAccess`] and [`block_grid`] describe the blocks and which payload
+//! bytes each one reads. [`render_z4ai`] writes a frame.
+//!
+//! Decoding (`Frame::decode`, `ElementAccess::decode_elements`) lives in
+//! `codec::frame`: nothing here decodes a payload or uses rayon, and nothing
+//! here depends on `codec` (plane layouts come from `format::plane`).
 
-use crate::codec::plane::{self, PlaneBlocks};
-use crate::codec::transform::{self, BitfieldSpec};
-use crate::codec::{rans, zstd, CodecError, Cursor, Result};
+use crate::format::cursor::Cursor;
+use crate::format::error::{CodecError, Result};
+use crate::format::plane::{self, PlaneBlocks};
 use std::ops::Range;
 
 /// The largest ratio of decoded to stored bytes a frame may claim before we
@@ -43,6 +47,53 @@ pub fn block_grid<'a>(
     let mut bounds: Vec<u64> = access.grid().iter().map(|e| e * eb).collect();
     *bounds.last_mut().expect("grid has two bounds") = decoded_len;
     Ok((bounds, eb, Some(access)))
+}
+
+/// A bit-field layout `(total_bits, exp_bits, mantissa_bits)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitfieldSpec {
+    pub name: &'static str,
+    pub total_bits: u32,
+    pub exp_bits: u32,
+    pub mant_bits: u32,
+}
+
+pub const BFLOAT16: BitfieldSpec = BitfieldSpec {
+    name: "bfloat16",
+    total_bits: 16,
+    exp_bits: 8,
+    mant_bits: 7,
+};
+pub const FLOAT16: BitfieldSpec = BitfieldSpec {
+    name: "float16",
+    total_bits: 16,
+    exp_bits: 5,
+    mant_bits: 10,
+};
+pub const FLOAT32: BitfieldSpec = BitfieldSpec {
+    name: "float32",
+    total_bits: 32,
+    exp_bits: 8,
+    mant_bits: 23,
+};
+
+impl BitfieldSpec {
+    /// z4ai looks names up without aliasing; so do we.
+    pub fn by_name(name: &[u8]) -> Option<BitfieldSpec> {
+        [BFLOAT16, FLOAT16, FLOAT32]
+            .into_iter()
+            .find(|s| s.name.as_bytes() == name)
+    }
+    pub fn elem_bytes(&self) -> usize {
+        (self.total_bits / 8) as usize
+    }
+    pub fn mant_planes(&self) -> usize {
+        self.mant_bits.div_ceil(8) as usize
+    }
+    /// Sizes of the sign, exponent and mantissa planes for `count` elements.
+    pub fn plane_lens(&self, count: usize) -> [usize; 3] {
+        [count.div_ceil(8), count, count * self.mant_planes()]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,22 +226,6 @@ impl<'a> Frame<'a> {
             Frame::Z4ai(f) => f.body_len() + f.tail.len() as u64,
             Frame::Sparse(f) => f.count * f.width as u64 + f.tail.len() as u64,
             Frame::Palette(f) => f.count * f.width as u64 + f.tail.len() as u64,
-        }
-    }
-
-    /// Decodes the whole frame into `out` (`out.len() == decoded_len()`).
-    pub fn decode(&self, out: &mut [u8]) -> Result<()> {
-        if out.len() as u64 != self.decoded_len() {
-            return Err(CodecError::LengthMismatch {
-                what: "frame",
-                got: self.decoded_len(),
-                expected: out.len() as u64,
-            });
-        }
-        match self {
-            Frame::Z4ai(f) => f.decode(out),
-            Frame::Sparse(f) => f.decode(out),
-            Frame::Palette(f) => f.decode(out),
         }
     }
 
@@ -369,87 +404,6 @@ impl<'a> Z4aiFrame<'a> {
         }
     }
 
-    fn decode(&self, out: &mut [u8]) -> Result<()> {
-        let body_len = self.body_len() as usize;
-        let (body, tail) = out.split_at_mut(body_len);
-        tail.copy_from_slice(self.tail);
-        if body_len == 0 {
-            return Ok(());
-        }
-        match self.transform {
-            Transform::Opaque => {
-                plane::decode_plane(self.planes[0].method, self.planes[0].payload, body)
-            }
-            Transform::BytePlane(1) => {
-                plane::decode_plane(self.planes[0].method, self.planes[0].payload, body)
-            }
-            _ => {
-                let decoded = decode_planes_parallel(&self.planes)?;
-                let refs: Vec<&[u8]> = decoded.iter().map(|p| p.as_slice()).collect();
-                self.join_parallel(&refs, body)
-            }
-        }
-    }
-
-    /// Joins whole decoded planes, in parallel over element ranges for large
-    /// bodies (a single-threaded join of a 100 MB tensor costs more than
-    /// decoding it on two cores).
-    fn join_parallel(&self, planes: &[&[u8]], body: &mut [u8]) -> Result<()> {
-        use rayon::prelude::*;
-        const GROUP: usize = 1 << 20; // elements per job, a multiple of 8
-        let eb = self.elem_bytes() as usize;
-        let n = body.len() / eb;
-        let splittable = match self.transform {
-            Transform::BytePlane(_) => true,
-            Transform::Bitfield(spec) => spec.mant_planes() == 1,
-            Transform::Opaque => false,
-        };
-        if !splittable || n <= GROUP || planes.iter().any(|p| p.is_empty()) {
-            return self.join(planes, 0, body);
-        }
-        body.par_chunks_mut(GROUP * eb)
-            .enumerate()
-            .try_for_each(|(g, out)| {
-                let a = g * GROUP;
-                let b = a + out.len() / eb;
-                let parts: Vec<&[u8]> = match self.transform {
-                    Transform::Bitfield(_) => vec![
-                        &planes[0][a / 8..b.div_ceil(8)],
-                        &planes[1][a..b],
-                        &planes[2][a..b],
-                    ],
-                    _ => planes.iter().map(|p| &p[a..b]).collect(),
-                };
-                self.join(&parts, a as u64, out)
-            })
-    }
-
-    /// Joins decoded planes (or plane ranges starting at element `first`)
-    /// into `body`.
-    fn join(&self, planes: &[&[u8]], first: u64, body: &mut [u8]) -> Result<()> {
-        match self.transform {
-            Transform::Opaque => {
-                body.copy_from_slice(planes[0]);
-                Ok(())
-            }
-            Transform::BytePlane(_) => transform::byteplane_join(planes, body),
-            Transform::Bitfield(spec) => {
-                let n = body.len() / spec.elem_bytes();
-                let mants: Vec<&[u8]> = (0..spec.mant_planes())
-                    .map(|k| &planes[2][k * n..(k + 1) * n])
-                    .collect();
-                transform::bitfield_join(
-                    spec,
-                    planes[0],
-                    (first % 8) as usize,
-                    planes[1],
-                    &mants,
-                    body,
-                )
-            }
-        }
-    }
-
     fn element_access(&self) -> Result<Option<ElementAccess<'a>>> {
         let mut blocks = Vec::with_capacity(self.planes.len());
         for p in &self.planes {
@@ -480,7 +434,7 @@ impl<'a> ElementAccess<'a> {
     /// The plane byte ranges that hold elements `[a, b)` of plane `i`: one
     /// range, except for a bit-field mantissa of several byte planes, which
     /// are concatenated in the plane (low byte first).
-    fn plane_ranges(&self, i: usize, a: u64, b: u64) -> Vec<Range<u64>> {
+    pub(crate) fn plane_ranges(&self, i: usize, a: u64, b: u64) -> Vec<Range<u64>> {
         match (self.frame.transform, i) {
             (Transform::Bitfield(_), 0) => vec![a / 8..b.div_ceil(8)],
             (Transform::Bitfield(spec), 2) => {
@@ -528,7 +482,7 @@ impl<'a> ElementAccess<'a> {
             let step = match b {
                 PlaneBlocks::Stored(_) => continue,
                 PlaneBlocks::Zstd(_) => 1,
-                PlaneBlocks::Rans(_) => rans::CHUNK_GROUP,
+                PlaneBlocks::Rans(_) => plane::CHUNK_GROUP,
             };
             let starts: Vec<u64> = (0..b.count())
                 .step_by(step)
@@ -546,92 +500,6 @@ impl<'a> ElementAccess<'a> {
             }
             None => vec![0, n],
         }
-    }
-
-    /// Decodes the frequency tables of every rANS plane (once per frame).
-    pub fn load_tables(&self) -> Result<RansTables> {
-        let mut v = Vec::with_capacity(self.blocks.len());
-        for blk in &self.blocks {
-            v.push(match blk {
-                PlaneBlocks::Rans(p) => Some(p.freq_tables()?),
-                _ => None,
-            });
-        }
-        Ok(RansTables(v))
-    }
-
-    /// Decodes body elements `[a, b)` into `out` (`(b-a) * elem_bytes` bytes),
-    /// touching only the blocks of each plane that cover them.
-    pub fn decode_elements(
-        &self,
-        a: u64,
-        b: u64,
-        tables: &RansTables,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let eb = self.frame.elem_bytes();
-        if b < a || b > self.elements() || out.len() as u64 != (b - a) * eb {
-            return Err(CodecError::invalid(
-                "element range",
-                format!("[{a}, {b}) out of range"),
-            ));
-        }
-        if a == b {
-            return Ok(());
-        }
-        if self.frame.transform == Transform::Opaque {
-            // One plane, bytes are elements: decode straight into the output.
-            return self.blocks[0].decode_range(a..b, tables.get(0), out);
-        }
-        // Stored planes are joined straight from the frame; the others are
-        // decoded into per-thread scratch buffers that are reused.
-        thread_local! {
-            static SCRATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        SCRATCH.with(|cell| {
-            let mut bufs = cell.take();
-            bufs.resize_with(self.blocks.len().max(bufs.len()), Vec::new);
-            let mut result = Ok(());
-            let mut borrowed: Vec<Option<&[u8]>> = vec![None; self.blocks.len()];
-            'planes: for (i, blk) in self.blocks.iter().enumerate() {
-                let ranges = self.plane_ranges(i, a, b);
-                if let (PlaneBlocks::Stored(p), [r]) = (blk, ranges.as_slice()) {
-                    borrowed[i] = Some(&p[r.start as usize..r.end as usize]);
-                    continue;
-                }
-                let len: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                if (bufs[i].len() as u64) < len {
-                    bufs[i].resize(len as usize, 0);
-                }
-                let mut at = 0usize;
-                for r in ranges {
-                    let l = (r.end - r.start) as usize;
-                    if let Err(e) = blk.decode_range(r, tables.get(i), &mut bufs[i][at..at + l]) {
-                        result = Err(e);
-                        break 'planes;
-                    }
-                    at += l;
-                }
-            }
-            if result.is_ok() {
-                let refs: Vec<&[u8]> = (0..self.blocks.len())
-                    .map(|i| match borrowed[i] {
-                        Some(s) => s,
-                        None => {
-                            let len: u64 = self
-                                .plane_ranges(i, a, b)
-                                .iter()
-                                .map(|r| r.end - r.start)
-                                .sum();
-                            &bufs[i][..len as usize]
-                        }
-                    })
-                    .collect();
-                result = self.frame.join(&refs, a, out);
-            }
-            cell.replace(bufs);
-            result
-        })
     }
 
     /// The byte ranges (relative to the frame start) of the compressed
@@ -664,31 +532,6 @@ impl<'a> ElementAccess<'a> {
             }
         }
         out
-    }
-}
-
-/// Per-plane frequency tables of a frame's rANS planes.
-#[derive(Debug, Default)]
-pub struct RansTables(Vec<Option<Vec<rans::FreqTable>>>);
-
-impl RansTables {
-    fn get(&self, plane: usize) -> Option<&[rans::FreqTable]> {
-        self.0.get(plane).and_then(|t| t.as_deref())
-    }
-}
-
-fn decode_planes_parallel(planes: &[PlaneRef<'_>]) -> Result<Vec<Vec<u8>>> {
-    use rayon::prelude::*;
-    let total: u64 = planes.iter().map(|p| p.orig_len).sum();
-    let work = |p: &PlaneRef<'_>| -> Result<Vec<u8>> {
-        let mut v = vec![0u8; p.orig_len as usize];
-        plane::decode_plane(p.method, p.payload, &mut v)?;
-        Ok(v)
-    };
-    if total >= 1 << 20 {
-        planes.par_iter().map(work).collect()
-    } else {
-        planes.iter().map(work).collect()
     }
 }
 
@@ -826,75 +669,6 @@ fn parse_sparse(bytes: &[u8]) -> Result<SparseFrame<'_>> {
     })
 }
 
-impl SparseFrame<'_> {
-    fn decode(&self, out: &mut [u8]) -> Result<()> {
-        let w = self.width as usize;
-        let body_len = self.count as usize * w;
-        let (body, tail) = out.split_at_mut(body_len);
-        tail.copy_from_slice(self.tail);
-        if self.count == 0 {
-            return Ok(());
-        }
-        let mut bitmap = vec![0u8; self.count.div_ceil(8) as usize];
-        zstd::decompress_exact(self.bitmap, &mut bitmap, "ZSP1 bitmap")?;
-        let dense = match &self.values {
-            Some(v) => v.decode()?,
-            None => Vec::new(),
-        };
-        body.fill(0);
-        let mut j = 0usize;
-        let n = self.count as usize;
-        for (byte_i, &bits) in bitmap.iter().enumerate() {
-            if bits == 0 {
-                continue;
-            }
-            for k in 0..8 {
-                let i = byte_i * 8 + k;
-                if i >= n {
-                    break;
-                }
-                if bits & (0x80 >> k) != 0 {
-                    let src = dense.get(j * w..(j + 1) * w).ok_or_else(|| {
-                        CodecError::invalid("ZSP1 frame", "bitmap has more set bits than values")
-                    })?;
-                    body[i * w..(i + 1) * w].copy_from_slice(src);
-                    j += 1;
-                }
-            }
-        }
-        if j as u64 != self.nnz {
-            return Err(CodecError::invalid(
-                "ZSP1 frame",
-                format!("bitmap has {j} set bits, header says {}", self.nnz),
-            ));
-        }
-        plane_count(body_len);
-        Ok(())
-    }
-}
-
-fn plane_count(n: usize) {
-    plane::DECODED_BYTES.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-}
-
-impl Zrt1Frame<'_> {
-    fn decode(&self) -> Result<Vec<u8>> {
-        let mut streams = Vec::with_capacity(self.streams.len());
-        for s in &self.streams {
-            let mut v = vec![0u8; s.orig_len as usize];
-            plane::decode_plane(s.method, s.payload, &mut v)?;
-            streams.push(v);
-        }
-        if !self.byteplane {
-            return Ok(streams.pop().unwrap_or_default());
-        }
-        let mut out = vec![0u8; self.orig_len as usize];
-        let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-        transform::byteplane_join(&refs, &mut out)?;
-        Ok(out)
-    }
-}
-
 fn parse_palette(bytes: &[u8]) -> Result<PaletteFrame<'_>> {
     let mut c = Cursor::new(bytes);
     c.take(4, "ZPL1 header")?;
@@ -956,40 +730,6 @@ fn parse_palette(bytes: &[u8]) -> Result<PaletteFrame<'_>> {
         codebook,
         index,
     })
-}
-
-impl PaletteFrame<'_> {
-    fn decode(&self, out: &mut [u8]) -> Result<()> {
-        let w = self.width as usize;
-        let n = self.count as usize;
-        let (body, tail) = out.split_at_mut(n * w);
-        tail.copy_from_slice(self.tail);
-        if n == 0 {
-            return Ok(());
-        }
-        let mut cb = vec![0u8; self.k as usize * w];
-        zstd::decompress_exact(self.codebook, &mut cb, "ZPL1 codebook")?;
-        let iw = self.index_width as usize;
-        let mut idx = vec![0u8; n * iw];
-        zstd::decompress_exact(self.index, &mut idx, "ZPL1 index")?;
-        let k = self.k as usize;
-        for (i, o) in body.chunks_exact_mut(w).enumerate() {
-            let e = match iw {
-                1 => idx[i] as usize,
-                2 => u16::from_le_bytes([idx[2 * i], idx[2 * i + 1]]) as usize,
-                _ => u32::from_le_bytes(idx[4 * i..4 * i + 4].try_into().unwrap()) as usize,
-            };
-            if e >= k {
-                return Err(CodecError::invalid(
-                    "ZPL1 frame",
-                    format!("index {e} at element {i} past the {k}-entry codebook"),
-                ));
-            }
-            o.copy_from_slice(&cb[e * w..(e + 1) * w]);
-        }
-        plane_count(body.len());
-        Ok(())
-    }
 }
 
 /// One plane to render: method, decoded length, payload.

@@ -1,7 +1,16 @@
 //! Pure parsing and rendering of on-disk formats. No I/O.
+//!
+//! Everything here works on byte slices and checks every length against the
+//! bytes that hold it before trusting it. This is the bottom layer: it uses
+//! no other ckptfs module and no thread pool. `codec` decodes what is parsed
+//! here (it adds the `decode*` methods of frames and plane payloads), so
+//! nothing here may depend on `codec`.
 
 pub mod blz;
 pub mod ckx;
+pub mod cursor;
+pub mod error;
 pub mod frame;
+pub mod plane;
 pub mod safetensors;
 pub mod zstn;

@@ -9,7 +9,8 @@
 //! the data buffer, frames lie inside the frames section, REFs point one hop
 //! back to a FRAME of the same length.
 
-use crate::codec::{CodecError, Cursor};
+use crate::format::cursor::Cursor;
+use crate::format::error::CodecError;
 use crate::format::safetensors::MAX_HEADER_LEN;
 use std::ops::Range;
 use thiserror::Error;

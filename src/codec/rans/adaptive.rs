@@ -1,0 +1,333 @@
+//! Plane method 4, the adaptive order-0 coder (spec §4.4): `k` chunks, each an
+//! order-0 stream with its own table, the `k` tables packed into one zstd
+//! frame. The payload's layout ([`AdaptivePayload`]: parsing, chunk bounds
+//! and bytes) is in `format::plane`; this file decodes it: the tables
+//! ([`AdaptivePayload::freq_tables`]), one chunk, or a run of chunks together
+//! ([`AdaptivePayload::decode_chunks`], AVX-512 groups when available);
+//! [`decode_method4`] and [`encode_method4`] handle whole planes.
+//!
+//! Invariants: nothing is decoded before `AdaptivePayload::parse` has checked
+//! the header and that every chunk lies inside the payload; chunk `j` always
+//! covers symbols `[j*n/k, (j+1)*n/k)`; the SIMD and scalar decoders give the
+//! same output and the same errors.
+
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
+use super::order0::{encode_with, EncTable};
+use super::{
+    check_table_sum, chunk_range, decode_stream_with, histogram, length_mismatch, normalize_freqs,
+    out_len_is_large, rans_err, read_freq_table, zstd_decode_first_frame, DecodeTable, FreqTable,
+    PAR_MIN_BYTES, PROB_SCALE,
+};
+use crate::codec::{CodecError, Result};
+use crate::format::plane::{AdaptivePayload, ADAPT_FLAG, CHUNK_GROUP};
+use rayon::prelude::*;
+use std::ops::Range;
+
+// ---------------------------------------------------------------------------
+// Method 4
+// ---------------------------------------------------------------------------
+
+impl AdaptivePayload<'_> {
+    /// Decode the k frequency tables (the blob must decode to exactly k*512
+    /// bytes, which bounds the output) and check that each sums to 16384.
+    pub fn freq_tables(&self) -> Result<Vec<FreqTable>> {
+        if self.k == 0 {
+            return Ok(Vec::new());
+        }
+        let raw = zstd_decode_first_frame(self.freq_blob, self.k * 512, "method-4 freq blob")?;
+        if raw.len() != self.k * 512 {
+            return Err(length_mismatch(
+                "method-4 freq blob",
+                raw.len() as u64,
+                self.k * 512,
+            ));
+        }
+        let mut v = Vec::with_capacity(self.k);
+        for (j, b) in raw.chunks_exact(512).enumerate() {
+            let t = read_freq_table(b);
+            check_table_sum(&t).map_err(|e| rans_err(format!("chunk {j}: {e}")))?;
+            v.push(t);
+        }
+        Ok(v)
+    }
+
+    /// Decode chunk j with its table; `out.len()` must be the chunk length.
+    pub fn decode_chunk(&self, j: usize, table: &FreqTable, out: &mut [u8]) -> Result<()> {
+        let t = DecodeTable::new(table)?;
+        self.decode_chunk_with(j, &t, out)
+    }
+
+    /// [`Self::decode_chunk`] with prebuilt (reusable) tables.
+    pub fn decode_chunk_with(&self, j: usize, table: &DecodeTable, out: &mut [u8]) -> Result<()> {
+        if j >= self.k {
+            return Err(CodecError::invalid(
+                "method-4 chunk index",
+                format!("{j} >= {}", self.k),
+            ));
+        }
+        let r = chunk_range(self.n, self.k, j);
+        if r.end - r.start != out.len() as u64 {
+            return Err(length_mismatch(
+                "method-4 chunk",
+                r.end - r.start,
+                out.len(),
+            ));
+        }
+        decode_stream_with(table, self.chunk_payload(j), out)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Method 4: multi-chunk decoding
+// ---------------------------------------------------------------------------
+
+/// Order-0 decode tables of the consecutive method-4 chunks `first..first+len`
+/// (17 KiB each), for [`AdaptivePayload::decode_chunks`]. Build once per
+/// payload (or per block of chunks) and reuse.
+#[derive(Clone, Default)]
+pub struct DecodeTables {
+    pub(super) first: usize,
+    pub(super) t: Vec<DecodeTable>,
+}
+
+impl DecodeTables {
+    /// Tables for all chunks; `freqs` are the k tables of the payload
+    /// ([`AdaptivePayload::freq_tables`]). Errors if one does not sum to 16384.
+    pub fn new(freqs: &[FreqTable]) -> Result<Self> {
+        Self::for_chunks(freqs, 0..freqs.len())
+    }
+
+    /// Tables for chunks `js` only; `freqs` are still all k tables.
+    pub fn for_chunks(freqs: &[FreqTable], js: Range<usize>) -> Result<Self> {
+        let mut t = DecodeTables::default();
+        t.rebuild(freqs, js)?;
+        Ok(t)
+    }
+
+    /// Rebuild in place for chunks `js`, reusing the allocation.
+    pub fn rebuild(&mut self, freqs: &[FreqTable], js: Range<usize>) -> Result<()> {
+        let f = freqs.get(js.clone()).ok_or_else(|| {
+            CodecError::invalid(
+                "method-4 decode tables",
+                format!("chunks {js:?} of {}", freqs.len()),
+            )
+        })?;
+        self.first = js.start;
+        self.t.truncate(f.len());
+        for (t, f) in self.t.iter_mut().zip(f) {
+            t.rebuild(f)?;
+        }
+        while self.t.len() < f.len() {
+            let mut t = DecodeTable {
+                sym: [0; PROB_SCALE as usize],
+                fc: [0; 256],
+            };
+            t.rebuild(&f[self.t.len()])?;
+            self.t.push(t);
+        }
+        Ok(())
+    }
+
+    /// The chunk indices these tables cover.
+    pub fn chunks(&self) -> Range<usize> {
+        self.first..self.first + self.t.len()
+    }
+
+    /// The table of chunk `j`, if covered.
+    pub fn get(&self, j: usize) -> Option<&DecodeTable> {
+        self.t.get(j.checked_sub(self.first)?)
+    }
+}
+
+impl AdaptivePayload<'_> {
+    /// Symbol range of the consecutive chunks `js` (non-empty, in range).
+    fn span(&self, js: &Range<usize>) -> Range<u64> {
+        chunk_range(self.n, self.k, js.start).start..chunk_range(self.n, self.k, js.end - 1).end
+    }
+
+    /// Decode the consecutive chunks `js` into `out`, whose length must be the
+    /// sum of their lengths. `tables` must cover `js`. Groups of up to
+    /// [`CHUNK_GROUP`] chunks are decoded together (AVX-512 when available,
+    /// one chunk per vector lane), so ranges of 16 chunks or more are fastest.
+    /// Output and errors equal [`Self::decode_chunk`] for every chunk.
+    pub fn decode_chunks(
+        &self,
+        js: Range<usize>,
+        tables: &DecodeTables,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if js.start > js.end || js.end > self.k {
+            return Err(CodecError::invalid(
+                "method-4 chunk range",
+                format!("{js:?} of {} chunks", self.k),
+            ));
+        }
+        if js.is_empty() {
+            return if out.is_empty() {
+                Ok(())
+            } else {
+                Err(length_mismatch("method-4 chunks", 0, out.len()))
+            };
+        }
+        let tc = tables.chunks();
+        if tc.start > js.start || tc.end < js.end {
+            return Err(CodecError::invalid(
+                "method-4 decode tables",
+                format!("cover chunks {tc:?}, not {js:?}"),
+            ));
+        }
+        let span = self.span(&js);
+        if span.end - span.start != out.len() as u64 {
+            return Err(length_mismatch(
+                "method-4 chunks",
+                span.end - span.start,
+                out.len(),
+            ));
+        }
+        // Near-equal groups of at most CHUNK_GROUP chunks (20 = 10 + 10).
+        let m = js.len().div_ceil(CHUNK_GROUP);
+        let mut rest = out;
+        for i in 0..m {
+            let g = js.start + js.len() * i / m..js.start + js.len() * (i + 1) / m;
+            let r = self.span(&g);
+            let (o, r2) = rest.split_at_mut((r.end - r.start) as usize);
+            rest = r2;
+            self.decode_group(g, tables, o)?;
+        }
+        Ok(())
+    }
+
+    /// Decode at most [`CHUNK_GROUP`] consecutive chunks (checked by the caller).
+    fn decode_group(&self, js: Range<usize>, tables: &DecodeTables, out: &mut [u8]) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if js.len() >= avx512::MIN_CHUNKS && avx512::available() {
+            // One 16-lane vector per group (two interleaved vectors, NV = 2,
+            // measured slower: the kernel is gather-throughput bound).
+            if avx512::try_decode_group::<1>(self, js.clone(), tables, out) {
+                return Ok(());
+            }
+        }
+        let lo = self.span(&js).start;
+        for j in js {
+            let r = chunk_range(self.n, self.k, j);
+            let o = &mut out[(r.start - lo) as usize..(r.end - lo) as usize];
+            let t = tables.get(j).expect("tables cover the group");
+            decode_stream_with(t, self.chunk_payload(j), o)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whole method-4 decode into `out` (`out.len()` = the plane's `orig_len`)
+/// with [`AdaptivePayload::decode_chunks`] over blocks of [`CHUNK_GROUP`]
+/// chunks, parallel over blocks with rayon for planes of at least 1 MiB.
+pub fn decode_method4(payload: &[u8], out: &mut [u8]) -> Result<()> {
+    let p = AdaptivePayload::parse(payload)?;
+    if p.n != out.len() as u64 {
+        return Err(length_mismatch("method-4 plane", p.n, out.len()));
+    }
+    if p.n == 0 {
+        return Ok(());
+    }
+    let freqs = p.freq_tables()?;
+    let par = out_len_is_large(p.n) && p.k > 1;
+    // Chunks per job: a full SIMD group, unless that starves the threads.
+    let per = if par {
+        CHUNK_GROUP.min(p.k.div_ceil(rayon::current_num_threads()))
+    } else {
+        CHUNK_GROUP
+    };
+    let nb = p.k.div_ceil(per);
+    let block = |b: usize| b * per..((b + 1) * per).min(p.k);
+    let mut parts = Vec::with_capacity(nb);
+    let mut rest = out;
+    for b in 0..nb {
+        let r = p.span(&block(b));
+        let (o, r2) = rest.split_at_mut((r.end - r.start) as usize);
+        parts.push(o);
+        rest = r2;
+    }
+    let job = |t: &mut DecodeTables, (b, o): (usize, &mut [u8])| -> Result<()> {
+        t.rebuild(&freqs, block(b))?;
+        p.decode_chunks(block(b), t, o)
+    };
+    if par {
+        parts
+            .into_par_iter()
+            .enumerate()
+            .try_for_each_init(DecodeTables::default, job)
+    } else {
+        let mut t = DecodeTables::default();
+        parts
+            .into_iter()
+            .enumerate()
+            .try_for_each(|a| job(&mut t, a))
+    }
+}
+
+/// Method-4 encode with `k` chunks (chunk j = symbols `[j*n/k, (j+1)*n/k)`),
+/// each with its own optimally normalised table; the tables go into ONE zstd
+/// frame (level 3, content size present). `k == 0` is treated as 1. An empty
+/// input gives the 8 bytes `u64 0`, which is what z4ai writes and accepts.
+/// Parallel over chunks for inputs of at least 1 MiB.
+///
+/// # Panics
+/// If `k` does not fit in a u32.
+pub fn encode_method4(data: &[u8], k: usize) -> Vec<u8> {
+    let n = data.len();
+    if n == 0 {
+        return 0u64.to_le_bytes().to_vec();
+    }
+    let k = k.max(1);
+    assert!(
+        k <= u32::MAX as usize,
+        "encode_method4: k = {k} does not fit in u32"
+    );
+    let chunk = |j: usize| -> &[u8] {
+        let r = chunk_range(n as u64, k, j);
+        &data[r.start as usize..r.end as usize]
+    };
+    let enc = |buf: &mut Vec<u8>, j: usize| -> (FreqTable, Vec<u8>) {
+        let c = chunk(j);
+        let freqs = normalize_freqs(&histogram(c));
+        let tab = EncTable::new(&freqs);
+        if buf.len() < 2 * c.len() + 2 {
+            buf.resize(2 * c.len() + 2, 0);
+        }
+        let mut s = Vec::new();
+        encode_with(c, &tab, &mut buf[..2 * c.len() + 2], &mut s);
+        (freqs, s)
+    };
+    let results: Vec<(FreqTable, Vec<u8>)> = if n >= PAR_MIN_BYTES && k > 1 {
+        (0..k).into_par_iter().map_init(Vec::new, enc).collect()
+    } else {
+        let mut buf = Vec::new();
+        (0..k).map(|j| enc(&mut buf, j)).collect()
+    };
+    let mut tables = Vec::with_capacity(k * 512);
+    for (t, _) in &results {
+        for v in t {
+            tables.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let blob = ::zstd::bulk::compress(&tables, 3).expect("zstd compression of the freq tables");
+    let body: usize = results.iter().map(|(_, s)| s.len()).sum();
+    let mut out = Vec::with_capacity(16 + 4 * k + blob.len() + body);
+    out.extend_from_slice(&(n as u64 | ADAPT_FLAG).to_le_bytes());
+    out.extend_from_slice(&(k as u32).to_le_bytes());
+    out.extend_from_slice(&(blob.len() as u32).to_le_bytes());
+    for (_, s) in &results {
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    }
+    out.extend_from_slice(&blob);
+    for (_, s) in &results {
+        out.extend_from_slice(s);
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::needless_range_loop)]
+#[path = "adaptive_tests.rs"]
+mod tests;

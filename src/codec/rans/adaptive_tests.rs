@@ -1,0 +1,402 @@
+//! Tests of plane method 4 (kept beside `adaptive.rs` to keep both files
+//! short): round trips, multi-chunk decoding against the one-chunk decoder,
+//! and malformed payloads.
+
+use super::*;
+use crate::codec::rans::test_util::Rng;
+use crate::codec::rans::test_util::*;
+use crate::codec::rans::*;
+use proptest::prelude::*;
+use std::ops::Range;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn method4_roundtrip(data in data_strategy(), k in prop_oneof![Just(1usize), 1usize..8, 1usize..3000]) {
+        let p = encode_method4(&data, k);
+        let mut out = vec![0u8; data.len()];
+        decode_method4(&p, &mut out).unwrap();
+        prop_assert_eq!(&out, &data);
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        prop_assert_eq!(ap.len(), data.len() as u64);
+        if !data.is_empty() {
+            prop_assert_eq!(ap.chunks(), k);
+            let tables = ap.freq_tables().unwrap();
+            let mut covered = 0u64;
+            for j in 0..ap.chunks() {
+                let r = ap.chunk_bounds(j);
+                prop_assert_eq!(r.start, covered);
+                covered = r.end;
+                let mut o = vec![0u8; (r.end - r.start) as usize];
+                ap.decode_chunk(j, &tables[j], &mut o).unwrap();
+                prop_assert_eq!(&o[..], &data[r.start as usize..r.end as usize]);
+            }
+            prop_assert_eq!(covered, data.len() as u64);
+        }
+    }
+}
+
+// ----- multi-chunk decoding (decode_chunks) vs the one-chunk decoder -----
+
+/// Decode chunks `js` one at a time with `decode_stream_with` (the
+/// reference): `Err` if any chunk errs.
+fn per_chunk_decode(ap: &AdaptivePayload, js: Range<usize>, t: &DecodeTables) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for j in js {
+        let r = ap.chunk_bounds(j);
+        let mut o = vec![0u8; (r.end - r.start) as usize];
+        decode_stream_with(t.get(j).unwrap(), ap.chunk_payload(j), &mut o)?;
+        out.extend_from_slice(&o);
+    }
+    Ok(out)
+}
+
+/// Assemble a method-4 payload from explicit tables and chunk streams.
+fn method4_payload(n: u64, tables: &[FreqTable], streams: &[Vec<u8>]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for t in tables {
+        for v in t {
+            raw.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let blob = ::zstd::bulk::compress(&raw, 1).unwrap();
+    let mut p = (n | ADAPT_FLAG).to_le_bytes().to_vec();
+    p.extend_from_slice(&(tables.len() as u32).to_le_bytes());
+    p.extend_from_slice(&(blob.len() as u32).to_le_bytes());
+    for s in streams {
+        p.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    }
+    p.extend_from_slice(&blob);
+    for s in streams {
+        p.extend_from_slice(s);
+    }
+    p
+}
+
+/// Check `decode_chunks` against the reference on every group-ish range.
+fn check_decode_chunks(p: &[u8]) -> std::result::Result<(), TestCaseError> {
+    let ap = AdaptivePayload::parse(p).unwrap();
+    let k = ap.chunks();
+    let freqs = ap.freq_tables().unwrap();
+    let t = DecodeTables::new(&freqs).unwrap();
+    let mut ranges: Vec<Range<usize>> = Vec::new();
+    ranges.push(0..k);
+    for g in [7usize, 8, 16, 17, 33] {
+        for j0 in (0..k).step_by(g) {
+            ranges.push(j0..(j0 + g).min(k));
+        }
+    }
+    if k > 2 {
+        ranges.push(1..k - 1);
+    }
+    for js in ranges {
+        let want = per_chunk_decode(&ap, js.clone(), &t);
+        let len = if js.is_empty() {
+            0
+        } else {
+            (ap.chunk_bounds(js.end - 1).end - ap.chunk_bounds(js.start).start) as usize
+        };
+        let mut got = vec![0u8; len];
+        let r = ap.decode_chunks(js.clone(), &t, &mut got);
+        // tables for exactly this range work too
+        let tj = DecodeTables::for_chunks(&freqs, js.clone()).unwrap();
+        let mut got2 = vec![0u8; len];
+        let r2 = ap.decode_chunks(js.clone(), &tj, &mut got2);
+        match want {
+            Ok(w) => {
+                prop_assert!(r.is_ok(), "{js:?}: {r:?}");
+                prop_assert_eq!(&got, &w, "{:?}", js);
+                prop_assert!(r2.is_ok());
+                prop_assert_eq!(&got2, &w);
+            }
+            Err(e) => {
+                prop_assert_eq!(r, Err(e.clone()), "{:?}", js);
+                prop_assert_eq!(r2, Err(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn random_table(r: &mut Rng) -> FreqTable {
+    let mut h = [0u64; 256];
+    match r.next() % 4 {
+        0 => h[(r.next() % 256) as usize] = 1,
+        1 => h.iter_mut().for_each(|v| *v = r.next() % 1000),
+        2 => {
+            for _ in 0..(r.next() % 40 + 1) {
+                h[(r.next() % 256) as usize] += r.next() % 100_000 + 1;
+            }
+            h[(r.next() % 256) as usize] += 1 << 40; // forces freq-1 symbols
+        }
+        _ => {
+            for _ in 0..(r.next() % 40 + 1) {
+                h[(r.next() % 256) as usize] += r.next() % 1000 + 1;
+            }
+        }
+    }
+    normalize_freqs(&h)
+}
+
+#[test]
+fn decode_chunks_large_planes() {
+    for (seed, n, chunk) in [
+        (1u64, 1 << 20, 1 << 14),
+        (2, 3_000_017, 1 << 16),
+        (3, 700_001, 999),
+    ] {
+        let d = exponent_data(n, seed);
+        let k = n.div_ceil(chunk);
+        let p = encode_method4(&d, k);
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        let t = DecodeTables::new(&ap.freq_tables().unwrap()).unwrap();
+        let mut out = vec![0u8; n];
+        ap.decode_chunks(0..k, &t, &mut out).unwrap();
+        assert!(out == d, "n={n}");
+        check_decode_chunks(&p).unwrap();
+    }
+    // uniform bytes (8 bits/symbol, two renormalisation bytes often)
+    let mut r = Rng(4);
+    let d: Vec<u8> = (0..1_000_000).map(|_| r.next() as u8).collect();
+    check_decode_chunks(&encode_method4(&d, 40)).unwrap();
+}
+
+#[test]
+fn decode_chunks_rejects_bad_arguments() {
+    let d = exponent_data(50_000, 5);
+    let p = encode_method4(&d, 20);
+    let ap = AdaptivePayload::parse(&p).unwrap();
+    let f = ap.freq_tables().unwrap();
+    let t = DecodeTables::new(&f).unwrap();
+    let len = |js: Range<usize>| {
+        (ap.chunk_bounds(js.end - 1).end - ap.chunk_bounds(js.start).start) as usize
+    };
+    let mut out = vec![0u8; len(0..20)];
+    assert!(ap.decode_chunks(0..21, &t, &mut out).is_err());
+    #[allow(clippy::reversed_empty_ranges)]
+    let bad = 5..3;
+    assert!(ap.decode_chunks(bad, &t, &mut out).is_err());
+    assert!(ap.decode_chunks(0..20, &t, &mut out[1..]).is_err());
+    assert!(ap.decode_chunks(3..3, &t, &mut []).is_ok());
+    assert!(ap.decode_chunks(3..3, &t, &mut out[..1]).is_err());
+    let part = DecodeTables::for_chunks(&f, 4..12).unwrap();
+    assert_eq!(part.chunks(), 4..12);
+    assert!(part.get(3).is_none() && part.get(12).is_none() && part.get(4).is_some());
+    assert!(ap
+        .decode_chunks(3..12, &part, &mut out[..len(3..12)])
+        .is_err());
+    assert!(ap
+        .decode_chunks(4..13, &part, &mut out[..len(4..13)])
+        .is_err());
+    ap.decode_chunks(4..12, &part, &mut out[..len(4..12)])
+        .unwrap();
+    assert_eq!(
+        &out[..len(4..12)],
+        &d[ap.chunk_bounds(4).start as usize..ap.chunk_bounds(11).end as usize]
+    );
+    assert!(DecodeTables::for_chunks(&f, 4..21).is_err());
+    let mut g = f.clone();
+    g[3][0] ^= 1;
+    assert!(DecodeTables::new(&g).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn decode_chunks_matches_scalar(data in data_strategy(), big in (any::<u64>(), 0usize..60_000, 0u8..3), k in prop_oneof![1usize..20, 1usize..300]) {
+        let (seed, n, kind) = big;
+        let mut r = Rng(seed);
+        let d: Vec<u8> = match kind {
+            0 => exponent_data(n, seed),
+            1 => (0..n).map(|_| (r.next() % 7) as u8 * 30).collect(),
+            _ => data,
+        };
+        let p = encode_method4(&d, k);
+        if !d.is_empty() {
+            check_decode_chunks(&p)?;
+        }
+        let mut out = vec![0u8; d.len()];
+        decode_method4(&p, &mut out).unwrap();
+        prop_assert_eq!(out, d);
+    }
+
+    #[test]
+    fn decode_chunks_garbage_matches_scalar(seed in any::<u64>(), k in 1usize..40, n in 0u64..40_000, mode in 0u8..4) {
+        let mut r = Rng(seed);
+        let tables: Vec<FreqTable> = (0..k).map(|_| random_table(&mut r)).collect();
+        let streams: Vec<Vec<u8>> = (0..k)
+            .map(|j| {
+                let cn = {
+                    let c = chunk_range(n, k, j);
+                    (c.end - c.start) as usize
+                };
+                // lengths: plausible, short, tiny (< 16), or random
+                let len = match (mode, r.next() % 8) {
+                    (_, 0) => (r.next() % 20) as usize,
+                    (0, _) => cn * 3 / 8 + 16,
+                    (1, _) => (r.next() % (cn as u64 + 40)) as usize,
+                    (2, _) => cn + 16,
+                    _ => 16 + (r.next() % 64) as usize,
+                };
+                let mut s: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+                for l in 0..4 {
+                    if s.len() >= 4 * l + 4 && !r.next().is_multiple_of(64) {
+                        // mostly valid seeds, sometimes below RANS_L
+                        let v = RANS_L + (r.next() as u32 % (u32::MAX - RANS_L));
+                        s[4 * l..4 * l + 4].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                s
+            })
+            .collect();
+        let p = method4_payload(n, &tables, &streams);
+        check_decode_chunks(&p)?;
+        // whole-plane decode: same result as the one-chunk decoder
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        let t = DecodeTables::new(&tables).unwrap();
+        let want = per_chunk_decode(&ap, 0..k, &t);
+        let mut out = vec![0u8; n as usize];
+        let got = decode_method4(&p, &mut out);
+        match want {
+            Ok(w) => { prop_assert!(got.is_ok()); prop_assert_eq!(out, w); }
+            Err(_) => prop_assert!(got.is_err()),
+        }
+    }
+
+    #[test]
+    fn decode_chunks_truncated_streams_match_scalar(seed in any::<u64>(), n in 1000usize..50_000, k in 7usize..40, cut in 0usize..40) {
+        // Valid streams cut short: the decoder reads zeros past each end.
+        let d = exponent_data(n, seed);
+        let p = encode_method4(&d, k);
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        let tables = ap.freq_tables().unwrap();
+        let mut r = Rng(seed ^ 77);
+        let streams: Vec<Vec<u8>> = (0..k)
+            .map(|j| {
+                let s = ap.chunk_payload(j);
+                let c = if r.next().is_multiple_of(2) { 0 } else { cut.min(s.len() - 16) };
+                s[..s.len() - c].to_vec()
+            })
+            .collect();
+        check_decode_chunks(&method4_payload(n as u64, &tables, &streams))?;
+    }
+}
+
+#[test]
+fn method4_small_and_edge_sizes() {
+    for n in 0..40usize {
+        let d: Vec<u8> = (0..n).map(|i| (i * 37 % 5) as u8).collect();
+        for k in [0usize, 1, 2, 3, 4, 7, 64] {
+            let p = encode_method4(&d, k);
+            let mut out = vec![0u8; n];
+            decode_method4(&p, &mut out).unwrap();
+            assert_eq!(out, d, "n={n} k={k}");
+        }
+    }
+    assert_eq!(encode_method4(&[], 5), vec![0u8; 8]);
+    let mut e = [];
+    decode_method4(&[0u8; 8], &mut e).unwrap();
+    // Flagged n = 0 with chunks is accepted too.
+    let mut p = ADAPT_FLAG.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    decode_method4(&p, &mut e).unwrap();
+    // full 256-symbol alphabet, large, parallel path
+    let mut r = Rng(3);
+    let d: Vec<u8> = (0..3_000_000).map(|_| r.next() as u8).collect();
+    for k in [1usize, 46, 12] {
+        let p = encode_method4(&d, k);
+        let mut out = vec![0u8; d.len()];
+        decode_method4(&p, &mut out).unwrap();
+        assert_eq!(out, d);
+    }
+}
+
+#[test]
+fn method4_freq_blob_is_one_frame_with_content_size() {
+    let d = exponent_data(300_000, 4);
+    let p = encode_method4(&d, 5);
+    let ap = AdaptivePayload::parse(&p).unwrap();
+    let blob = ap.freq_blob();
+    assert_eq!(
+        ::zstd::zstd_safe::get_frame_content_size(blob).unwrap(),
+        Some(5 * 512)
+    );
+    assert_eq!(
+        ::zstd::zstd_safe::find_frame_compressed_size(blob).unwrap(),
+        blob.len()
+    );
+    // level-3 zstd: check the frame header has no checksum and no dict id.
+    let fhd = blob[4];
+    assert_eq!(fhd & 0x04, 0, "checksum flag");
+    assert_eq!(fhd & 0x03, 0, "dictionary id");
+    // chunk layout: clens cover the body exactly
+    let total: usize = (0..ap.chunks()).map(|j| ap.chunk_payload(j).len()).sum();
+    assert_eq!(16 + 4 * 5 + blob.len() + total, p.len());
+}
+
+// ----- malformed input -----
+
+#[test]
+fn rejects_lying_headers() {
+    let d = exponent_data(5000, 2);
+    let p = encode_method4(&d, 3);
+    let mut out = vec![0u8; d.len()];
+    // lying n (bigger and smaller than the caller's buffer)
+    for n in [d.len() as u64 + 1, d.len() as u64 - 1, (1 << 62) - 1, 0] {
+        let mut q = p.clone();
+        q[..8].copy_from_slice(&(n | ADAPT_FLAG).to_le_bytes());
+        assert!(matches!(
+            decode_method4(&q, &mut out),
+            Err(CodecError::LengthMismatch { .. })
+        ));
+    }
+    // bit 63 set, flag missing
+    let mut q = p.clone();
+    q[7] |= 0x80;
+    assert!(decode_method4(&q, &mut out).is_err());
+    let mut q = p.clone();
+    q[7] &= !0x40;
+    assert!(decode_method4(&q, &mut out).is_err());
+    // k larger than the payload allows: error before any allocation
+    for k in [4u32, 1000, u32::MAX] {
+        let mut q = p.clone();
+        q[8..12].copy_from_slice(&k.to_le_bytes());
+        assert!(decode_method4(&q, &mut out).is_err(), "k={k}");
+        assert!(AdaptivePayload::parse(&q).is_err() || k == 4);
+    }
+    // k = 0 with n > 0
+    let mut q = p.clone();
+    q[8..12].copy_from_slice(&0u32.to_le_bytes());
+    assert!(decode_method4(&q, &mut out).is_err());
+    // chunk lengths past the end
+    let mut q = p.clone();
+    q[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        AdaptivePayload::parse(&q),
+        Err(CodecError::Truncated { .. })
+    ));
+    // freq blob that decodes to more/less than k*512
+    let mut q = p.clone();
+    q[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let mut q2 = q[..16].to_vec();
+    q2.extend_from_slice(&q[16..24]);
+    q2.extend_from_slice(&q[28..]);
+    assert!(decode_method4(&q2, &mut out).is_err());
+    // every truncation errs
+    for cut in 0..p.len().min(200) {
+        assert!(decode_method4(&p[..cut], &mut out).is_err(), "cut {cut}");
+    }
+    // method 3
+    let m3 = method3_chunked(&d, 3);
+    for cut in 0..600 {
+        assert!(decode_method3(&m3[..cut], &mut out).is_err(), "cut {cut}");
+    }
+    let mut q = m3.clone();
+    q[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+    assert!(decode_method3(&q, &mut out).is_err());
+    assert!(decode_method3(&0u64.to_le_bytes(), &mut out).is_err());
+    assert!(decode_method3(&0u64.to_le_bytes(), &mut []).is_ok());
+}
