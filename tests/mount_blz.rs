@@ -6,11 +6,9 @@
 //! listing fails with EIO and a log line naming it.
 
 mod common;
-mod mount_util;
 
 use ckptfs::format::blz as blzfmt;
-use common::{gauss_bf16, gauss_f16, gauss_f32, safetensors_file};
-use mount_util::Mount;
+use common::{gauss_bf16, gauss_f16, gauss_f32, safetensors_file, vectors_dir, Mount};
 use std::collections::BTreeMap;
 use std::fs;
 use std::ops::Range;
@@ -354,11 +352,7 @@ fn fixture() -> Fixture {
                 fs::copy(e.path(), store.join(e.file_name())).unwrap();
             }
             fs::write(store.join("plain.txt"), PLAIN).unwrap();
-            fs::copy(
-                mount_util::vectors().join("tiny.zstn"),
-                store.join("tiny.zstn"),
-            )
-            .unwrap();
+            fs::copy(vectors_dir().join("tiny.zstn"), store.join("tiny.zstn")).unwrap();
         },
         &["--cache-size", "64M"],
     );
@@ -379,7 +373,7 @@ fn others_still_work(f: &Fixture) {
         assert!(got == *want[k].as_ref().unwrap(), "model/{k} differs");
     }
     assert_eq!(fs::read(f.m.path("plain.txt")).unwrap(), PLAIN);
-    let tiny = fs::read(mount_util::vectors().join("tiny.safetensors")).unwrap();
+    let tiny = fs::read(vectors_dir().join("tiny.safetensors")).unwrap();
     assert!(fs::read(f.m.path("tiny.safetensors")).unwrap() == tiny);
 }
 
