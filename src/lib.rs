@@ -14,6 +14,8 @@ pub mod format;
 pub mod fs;
 pub mod fsutil;
 pub mod fuse;
+#[cfg(test)]
+mod test_support;
 pub mod writer;
 
 /// Keeps glibc from returning every freed decode block to the kernel: blocks

@@ -10,34 +10,18 @@
 
 mod fixtures;
 mod mount;
+// The same file as the library's `test_support` (unit tests use it too).
+#[path = "../../src/test_support.rs"]
+mod test_support;
 
 #[allow(unused_imports)]
 pub use fixtures::*;
 #[allow(unused_imports)]
 pub use mount::{Aligned, Mount};
+pub use test_support::{vector_stems, vectors_dir};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-/// tests/vectors: the committed test vectors (archives and their originals).
-pub fn vectors_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
-}
-
-/// Stems of the vector archives (`STEM.zstn`) that have an original
-/// `STEM.safetensors`, sorted.
-pub fn vector_stems() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(vectors_dir())
-        .unwrap()
-        .filter_map(|e| {
-            let n = e.unwrap().file_name().into_string().unwrap();
-            n.strip_suffix(".zstn").map(str::to_string)
-        })
-        .filter(|s| vectors_dir().join(format!("{s}.safetensors")).exists())
-        .collect();
-    v.sort();
-    v
-}
 
 /// The ckptfs binary cargo built for this test run.
 pub fn bin() -> &'static str {
