@@ -13,6 +13,8 @@ pub mod fs;
 pub mod fsutil;
 pub mod fuse;
 pub mod pack;
+#[cfg(test)]
+mod test_support;
 
 /// Keeps glibc from returning every freed decode block to the kernel: blocks
 /// of about 1 MiB are allocated and freed constantly, and above the default

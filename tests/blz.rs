@@ -16,104 +16,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// A two-shard model directory with an index, a binary tokenizer model, a
-/// nested subdirectory, an empty file and a tensor tied across shards.
-fn model_dir(dir: &Path) {
-    let mut rng = Rng(7);
-    let embed = gauss_bf16(&mut rng, 1024 * 640, 0.02);
-    let s1 = safetensors_file(
-        &[
-            (
-                "model.embed_tokens.weight",
-                "BF16",
-                vec![1024, 640],
-                embed.clone(),
-            ),
-            (
-                "model.layers.0.w",
-                "F32",
-                vec![256, 256],
-                gauss_f32(&mut rng, 65536, 0.02),
-            ),
-            (
-                "model.layers.0.b",
-                "F32",
-                vec![256],
-                gauss_f32(&mut rng, 256, 0.02),
-            ),
-            (
-                "model.pos_ids",
-                "I64",
-                vec![100],
-                (0..100u64).flat_map(|i| i.to_le_bytes()).collect(),
-            ),
-            ("model.empty", "F32", vec![0], vec![]),
-        ],
-        Some(r#"{"format":"pt"}"#),
-    );
-    let s2 = safetensors_file(
-        &[
-            ("lm_head.weight", "BF16", vec![1024, 640], embed),
-            (
-                "model.layers.1.w",
-                "F16",
-                vec![300, 301],
-                gauss_f16(&mut rng, 300 * 301, 0.02),
-            ),
-            (
-                "model.norm.weight",
-                "BF16",
-                vec![640],
-                gauss_bf16(&mut rng, 640, 1.0),
-            ),
-        ],
-        Some(r#"{"format":"pt"}"#),
-    );
-    fs::write(dir.join("model-00001-of-00002.safetensors"), s1).unwrap();
-    fs::write(dir.join("model-00002-of-00002.safetensors"), s2).unwrap();
-    let mut map = BTreeMap::new();
-    for n in [
-        "model.embed_tokens.weight",
-        "model.layers.0.w",
-        "model.layers.0.b",
-        "model.pos_ids",
-        "model.empty",
-    ] {
-        map.insert(n, "model-00001-of-00002.safetensors");
-    }
-    for n in ["lm_head.weight", "model.layers.1.w", "model.norm.weight"] {
-        map.insert(n, "model-00002-of-00002.safetensors");
-    }
-    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
-    fs::write(
-        dir.join("model.safetensors.index.json"),
-        serde_json::to_string_pretty(&index).unwrap(),
-    )
-    .unwrap();
-    fs::write(
-        dir.join("config.json"),
-        "{\n  \"model_type\": \"llama\",\n  \"tie_word_embeddings\": true\n}\n",
-    )
-    .unwrap();
-    // Protobuf-like bytes, not UTF-8.
-    let tok: Vec<u8> = (0..5000u64)
-        .map(|i| (rng.next() as u8) | ((i % 2) as u8) << 7)
-        .collect();
-    fs::write(dir.join("tokenizer.model"), tok).unwrap();
-    fs::create_dir_all(dir.join("1_Pooling/nested")).unwrap();
-    fs::write(
-        dir.join("1_Pooling/config.json"),
-        "{\"pooling_mode_mean_tokens\": true}",
-    )
-    .unwrap();
-    fs::write(
-        dir.join("1_Pooling/nested/notes ü.txt"),
-        "tabs\tand \"quotes\" \\ \u{1}\n",
-    )
-    .unwrap();
-    fs::write(dir.join("empty.txt"), "").unwrap();
-}
-
 /// Every file under `dir`, relative path -> bytes.
 fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut m = BTreeMap::new();
@@ -148,7 +50,16 @@ fn packed(raw: bool) -> Fixture {
     let root = tmp.path().to_path_buf();
     let src = root.join("model");
     fs::create_dir(&src).unwrap();
-    model_dir(&src);
+    // A two-shard model directory with an index, a binary tokenizer model,
+    // a nested subdirectory, an empty file and a tensor tied across shards;
+    // no two blobs of equal length.
+    ModelDir {
+        seed: 7,
+        embed: [1024, 640],
+        twin: false,
+        edge_cases: true,
+    }
+    .write(&src);
     let blz = root.join("model.blz");
     let mut args = vec!["pack", s(&src), "-o", s(&blz)];
     if raw {

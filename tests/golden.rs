@@ -1,11 +1,15 @@
-//! Golden bytes of the on-disk format ckptfs writes (ZSTN v3 + CKX1 v1).
-//! If this fails after a change, the bytes on disk changed: if that was
-//! intended, bump the CKX1 version (src/format/ckx.rs, doc/FORMAT.md) and
-//! update the expected digest; readers must keep reading the old version.
+//! Golden bytes of the on-disk formats ckptfs writes: ZSTN v3 + CKX1 v1
+//! (a digest) and `.blz` v1 (committed files in tests/data/golden). If this
+//! fails after a change, the bytes on disk changed: if that was intended,
+//! bump that format's version (src/format/ckx.rs or src/format/blz.rs, and
+//! doc/FORMAT.md) and update the expected digest or files; readers must keep
+//! reading the old version.
 
 mod common;
 use ckptfs::pack::{pack, PackOptions};
 use common::*;
+use std::fs;
+use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64;
 
 fn fixture() -> Vec<u8> {
@@ -78,3 +82,131 @@ fn packed_bytes_are_stable() {
 
 const GOLDEN_LEN: usize = 7380;
 const GOLDEN_DIGEST: &str = "2c77464e47612b4b";
+
+/// A fixed small model directory: two shards with BF16, F32 and I64
+/// tensors (one BF16 tensor tied across them), config.json and a binary
+/// sidecar.
+fn blz_fixture(dir: &Path) {
+    let mut rng = Rng(42);
+    let w = gauss_bf16(&mut rng, 4096, 0.02);
+    let meta = Some(r#"{"format":"pt"}"#);
+    let s1 = safetensors_file(
+        &[
+            ("w", "BF16", vec![64, 64], w.clone()),
+            ("b", "F32", vec![256], gauss_f32(&mut rng, 256, 0.02)),
+            (
+                "pos",
+                "I64",
+                vec![64],
+                (0..64u64).flat_map(|i| i.to_le_bytes()).collect(),
+            ),
+        ],
+        meta,
+    );
+    let s2 = safetensors_file(
+        &[
+            ("w_tied", "BF16", vec![64, 64], w),
+            ("norm", "F32", vec![64], gauss_f32(&mut rng, 64, 1.0)),
+        ],
+        meta,
+    );
+    fs::write(dir.join(SHARD1), s1).unwrap();
+    fs::write(dir.join(SHARD2), s2).unwrap();
+    fs::write(dir.join("config.json"), "{\"model_type\": \"llama\"}\n").unwrap();
+    let tok: Vec<u8> = (0..64).map(|_| rng.next() as u8 | 0x80).collect();
+    fs::write(dir.join("tokenizer.model"), tok).unwrap();
+}
+
+/// The committed golden archive `name`.
+fn golden_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/golden")
+        .join(name)
+}
+
+/// `ckptfs pack DIR -o X.blz` (default and `--raw`, each also with one
+/// thread) writes exactly the committed bytes. `CKPTFS_BLESS=1` rewrites
+/// the golden files instead (only after bumping the version, see above).
+#[test]
+fn blz_packed_bytes_are_stable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("model");
+    fs::create_dir(&src).unwrap();
+    blz_fixture(&src);
+    let bless = std::env::var_os("CKPTFS_BLESS").is_some_and(|v| v == "1");
+    for (golden, extra) in [("model.blz", &[][..]), ("model.raw.blz", &["--raw"][..])] {
+        let mut packed = Vec::new();
+        for threads in [&[][..], &["--threads", "1"][..]] {
+            let out = tmp.path().join(golden);
+            let mut args = threads.to_vec();
+            args.extend(["pack", src.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+            args.extend(extra);
+            args.push("--force");
+            let o = ckptfs(&args);
+            assert!(
+                o.status.success(),
+                "ckptfs {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            packed.push(fs::read(&out).unwrap());
+        }
+        assert!(
+            packed[0] == packed[1],
+            "{golden}: the bytes depend on the thread count"
+        );
+        let got = &packed[0];
+        // The layout doc/FORMAT.md §3 gives: magic, version, header length.
+        assert_eq!(&got[..8], b"CKPTBLZ\0");
+        assert_eq!(u32::from_le_bytes(got[8..12].try_into().unwrap()), 1);
+        let path = golden_path(golden);
+        if bless {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, got).unwrap();
+            continue;
+        }
+        let want = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // The committed archive still reads back as the fixture.
+        let unpacked = tmp.path().join(format!("{golden}.unpacked"));
+        let o = ckptfs(&[
+            "unpack",
+            path.to_str().unwrap(),
+            "-o",
+            unpacked.to_str().unwrap(),
+        ]);
+        assert!(
+            o.status.success(),
+            "unpack {golden}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let mut names: Vec<_> = fs::read_dir(&src)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        let mut back: Vec<_> = fs::read_dir(&unpacked)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        back.sort();
+        assert_eq!(names, back, "{golden}: unpacked file names");
+        for n in &names {
+            assert!(
+                fs::read(src.join(n)).unwrap() == fs::read(unpacked.join(n)).unwrap(),
+                "{golden}: {} unpacks to other bytes",
+                n.to_string_lossy()
+            );
+        }
+        if *got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b);
+            panic!(
+                "the .blz bytes changed: bump the format version (src/format/blz.rs, \
+                 doc/FORMAT.md) if intended, then rewrite the golden files with \
+                 CKPTFS_BLESS=1 cargo test --test golden. {golden}: {} bytes, \
+                 golden {} bytes, first difference at {}",
+                got.len(),
+                want.len(),
+                at.unwrap_or(got.len().min(want.len()))
+            );
+        }
+    }
+}

@@ -6,117 +6,14 @@
 //! listing fails with EIO and a log line naming it.
 
 mod common;
-mod mount_util;
 
 use ckptfs::format::blz::{self as blzfmt, Content, Stored};
-use common::{gauss_bf16, gauss_f16, gauss_f32, safetensors_file};
-use mount_util::Mount;
+use common::{vectors_dir, ModelDir, Mount, SHARD1, SHARD2};
 use std::collections::BTreeMap;
 use std::fs;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
-const SHARD1: &str = "model-00001-of-00002.safetensors";
-const SHARD2: &str = "model-00002-of-00002.safetensors";
-
-/// Two shards (one tensor tied across them), an index, config, a binary
-/// tokenizer model and a nested subdirectory.
-fn model_dir(dir: &Path) {
-    let mut rng = common::Rng(11);
-    let embed = gauss_bf16(&mut rng, 512 * 384, 0.02);
-    let s1 = safetensors_file(
-        &[
-            (
-                "model.embed_tokens.weight",
-                "BF16",
-                vec![512, 384],
-                embed.clone(),
-            ),
-            (
-                "model.layers.0.w",
-                "F32",
-                vec![256, 256],
-                gauss_f32(&mut rng, 65536, 0.02),
-            ),
-            (
-                "model.layers.0.b",
-                "F32",
-                vec![256],
-                gauss_f32(&mut rng, 256, 0.02),
-            ),
-            // Same dtype and shape as model.layers.0.w, other values.
-            (
-                "model.layers.0.v",
-                "F32",
-                vec![256, 256],
-                gauss_f32(&mut rng, 65536, 0.02),
-            ),
-            (
-                "model.pos_ids",
-                "I64",
-                vec![100],
-                (0..100u64).flat_map(|i| i.to_le_bytes()).collect(),
-            ),
-        ],
-        Some(r#"{"format":"pt"}"#),
-    );
-    let s2 = safetensors_file(
-        &[
-            ("lm_head.weight", "BF16", vec![512, 384], embed),
-            (
-                "model.layers.1.w",
-                "F16",
-                vec![300, 301],
-                gauss_f16(&mut rng, 300 * 301, 0.02),
-            ),
-            (
-                "model.norm.weight",
-                "BF16",
-                vec![384],
-                gauss_bf16(&mut rng, 384, 1.0),
-            ),
-        ],
-        Some(r#"{"format":"pt"}"#),
-    );
-    fs::write(dir.join(SHARD1), s1).unwrap();
-    fs::write(dir.join(SHARD2), s2).unwrap();
-    let mut map = BTreeMap::new();
-    for n in [
-        "model.embed_tokens.weight",
-        "model.layers.0.w",
-        "model.layers.0.b",
-        "model.layers.0.v",
-        "model.pos_ids",
-    ] {
-        map.insert(n, SHARD1);
-    }
-    for n in ["lm_head.weight", "model.layers.1.w", "model.norm.weight"] {
-        map.insert(n, SHARD2);
-    }
-    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
-    fs::write(
-        dir.join("model.safetensors.index.json"),
-        serde_json::to_string_pretty(&index).unwrap(),
-    )
-    .unwrap();
-    fs::write(
-        dir.join("config.json"),
-        "{\n  \"model_type\": \"llama\",\n  \"tie_word_embeddings\": true\n}\n",
-    )
-    .unwrap();
-    let tok: Vec<u8> = (0..5000u64)
-        .map(|i| (rng.next() as u8) | ((i % 2) as u8) << 7)
-        .collect();
-    fs::write(dir.join("tokenizer.model"), tok).unwrap();
-    fs::create_dir_all(dir.join("1_Pooling/nested")).unwrap();
-    fs::write(
-        dir.join("1_Pooling/config.json"),
-        "{\"pooling_mode_mean_tokens\": true}",
-    )
-    .unwrap();
-    fs::write(dir.join("1_Pooling/nested/notes.txt"), "nested\n").unwrap();
-}
 
 /// Every entry under `dir`: relative path -> Some(bytes) for files, None
 /// for directories.
@@ -321,7 +218,16 @@ fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("model");
     fs::create_dir(&src).unwrap();
-    model_dir(&src);
+    // Two shards (one tensor tied across them), an index, config, a binary
+    // tokenizer model and a nested subdirectory; model.layers.0.v has the
+    // shape of model.layers.0.w (for swap.blz).
+    ModelDir {
+        seed: 11,
+        embed: [512, 384],
+        twin: true,
+        edge_cases: false,
+    }
+    .write(&src);
     let archives = tmp.path().join("archives");
     fs::create_dir(&archives).unwrap();
     let blz = archives.join("model.blz");
@@ -360,11 +266,7 @@ fn fixture() -> Fixture {
                 fs::copy(e.path(), store.join(e.file_name())).unwrap();
             }
             fs::write(store.join("plain.txt"), PLAIN).unwrap();
-            fs::copy(
-                mount_util::vectors().join("tiny.zstn"),
-                store.join("tiny.zstn"),
-            )
-            .unwrap();
+            fs::copy(vectors_dir().join("tiny.zstn"), store.join("tiny.zstn")).unwrap();
         },
         &["--cache-size", "64M"],
     );
@@ -385,7 +287,7 @@ fn others_still_work(f: &Fixture) {
         assert!(got == *want[k].as_ref().unwrap(), "model/{k} differs");
     }
     assert_eq!(fs::read(f.m.path("plain.txt")).unwrap(), PLAIN);
-    let tiny = fs::read(mount_util::vectors().join("tiny.safetensors")).unwrap();
+    let tiny = fs::read(vectors_dir().join("tiny.safetensors")).unwrap();
     assert!(fs::read(f.m.path("tiny.safetensors")).unwrap() == tiny);
 }
 

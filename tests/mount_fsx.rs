@@ -11,9 +11,9 @@
 //! what the file should hold to `target/tmp/fsx-NAME/NAME.fsxgood`; rerun
 //! one failure by hand with the command line the panic message prints.
 
-mod mount_util;
+mod common;
 
-use mount_util::{Aligned, Mount};
+use common::{Aligned, Mount};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};

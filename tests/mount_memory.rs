@@ -2,9 +2,9 @@
 //! about 100 MiB while a file four times larger than the cache streams
 //! through it.
 
-mod mount_util;
+mod common;
 
-use mount_util::{pack, Mount, Rng};
+use common::{pack, Mount, Rng};
 use std::io::{Read, Write};
 
 const MIB: u64 = 1 << 20;

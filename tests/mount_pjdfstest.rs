@@ -7,9 +7,9 @@
 //! the mount has `--allow-other`), /dev/fuse, and `.tools/bin/pjdfstest`
 //! (`bash scripts/setup-test-env.sh` installs it).
 
-mod mount_util;
+mod common;
 
-use mount_util::Mount;
+use common::Mount;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -2,9 +2,9 @@
 //! (or fusermount3) and /dev/fuse, as CI provides; `scripts/setup-test-env.sh`
 //! installs fuse3 and the Python venv.
 
-mod mount_util;
+mod common;
 
-use mount_util::{populate_store, vectors, Aligned, Mount, Rng};
+use common::{populate_store, vectors_dir, Aligned, Mount, Rng};
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -100,7 +100,7 @@ fn ls_stat_and_du_show_logical_size_and_compressed_blocks() {
     );
     assert_eq!(
         du(&["-B1", "--apparent-size"], &m.path(name)),
-        std::fs::metadata(vectors().join(name)).unwrap().len()
+        std::fs::metadata(vectors_dir().join(name)).unwrap().len()
     );
     // `ls -l` shows the logical size.
     let ls = std::process::Command::new("ls")
@@ -164,7 +164,7 @@ fn pread_mmap_and_o_direct_match_the_original() {
 fn direct_io_open_does_not_break_mmap_of_another_reader() {
     let (m, _) = store_mount();
     let p = m.path("bf16_dense.safetensors");
-    let want = std::fs::read(vectors().join("bf16_dense.safetensors")).unwrap();
+    let want = std::fs::read(vectors_dir().join("bf16_dense.safetensors")).unwrap();
     let d = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -186,7 +186,7 @@ fn direct_io_open_does_not_break_mmap_of_another_reader() {
     );
     let got = String::from_utf8(out.stdout).unwrap();
     let sha = std::process::Command::new("sha256sum")
-        .arg(vectors().join("bf16_dense.safetensors"))
+        .arg(vectors_dir().join("bf16_dense.safetensors"))
         .output()
         .unwrap();
     let sha = String::from_utf8(sha.stdout).unwrap();
@@ -293,7 +293,7 @@ fn corrupt_archive_gives_eio_on_that_file_only() {
     );
     // The file's other tensors stay readable (O_DIRECT: exactly the range
     // asked for, no readahead into the bad tensor).
-    let want = std::fs::read(vectors().join("bf16_dense.safetensors")).unwrap();
+    let want = std::fs::read(vectors_dir().join("bf16_dense.safetensors")).unwrap();
     let d = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -324,7 +324,7 @@ fn corrupt_archive_gives_eio_on_that_file_only() {
     assert!(m.log_text().contains("garbage.zstn"), "{}", m.log_text());
     assert_eq!(
         std::fs::read(m.path("tiny.safetensors")).unwrap(),
-        std::fs::read(vectors().join("tiny.safetensors")).unwrap()
+        std::fs::read(vectors_dir().join("tiny.safetensors")).unwrap()
     );
 }
 
@@ -332,11 +332,15 @@ fn corrupt_archive_gives_eio_on_that_file_only() {
 fn files_added_to_the_store_become_visible() {
     let (m, _) = store_mount();
     assert!(!m.path("late.safetensors").exists());
-    std::fs::copy(vectors().join("fp16_dense.zstn"), m.store.join("late.zstn")).unwrap();
+    std::fs::copy(
+        vectors_dir().join("fp16_dense.zstn"),
+        m.store.join("late.zstn"),
+    )
+    .unwrap();
     std::fs::write(m.store.join("late.json"), b"{}").unwrap();
     assert_eq!(
         std::fs::read(m.path("late.safetensors")).unwrap(),
-        std::fs::read(vectors().join("fp16_dense.safetensors")).unwrap()
+        std::fs::read(vectors_dir().join("fp16_dense.safetensors")).unwrap()
     );
     let names: Vec<String> = std::fs::read_dir(&m.mnt)
         .unwrap()
@@ -348,18 +352,18 @@ fn files_added_to_the_store_become_visible() {
     // sees the new one.
     let old = File::open(m.path("late.safetensors")).unwrap();
     let tmp = m.store.join(".late.tmp");
-    std::fs::copy(vectors().join("ints.zstn"), &tmp).unwrap();
+    std::fs::copy(vectors_dir().join("ints.zstn"), &tmp).unwrap();
     std::fs::rename(&tmp, m.store.join("late.zstn")).unwrap();
     let mut buf = Vec::new();
     (&old).read_to_end(&mut buf).unwrap();
     assert_eq!(
         buf,
-        std::fs::read(vectors().join("fp16_dense.safetensors")).unwrap()
+        std::fs::read(vectors_dir().join("fp16_dense.safetensors")).unwrap()
     );
     std::thread::sleep(std::time::Duration::from_millis(1100)); // entry TTL
     assert_eq!(
         std::fs::read(m.path("late.safetensors")).unwrap(),
-        std::fs::read(vectors().join("ints.safetensors")).unwrap()
+        std::fs::read(vectors_dir().join("ints.safetensors")).unwrap()
     );
     std::fs::remove_file(m.store.join("late.zstn")).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1100));
@@ -422,9 +426,9 @@ fn background_mount_prints_its_log_and_umount_ends_it() {
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&store).unwrap();
     std::fs::create_dir(&mnt).unwrap();
-    std::fs::copy(vectors().join("tiny.zstn"), store.join("tiny.zstn")).unwrap();
+    std::fs::copy(vectors_dir().join("tiny.zstn"), store.join("tiny.zstn")).unwrap();
     let log = dir.path().join("bg.log");
-    let out = mount_util::ckptfs(&[
+    let out = common::ckptfs(&[
         "mount",
         store.to_str().unwrap(),
         mnt.to_str().unwrap(),
@@ -450,9 +454,9 @@ fn background_mount_prints_its_log_and_umount_ends_it() {
     assert!(stdout.contains(log.to_str().unwrap()), "{stdout}");
     assert_eq!(
         std::fs::read(mnt.join("tiny.safetensors")).unwrap(),
-        std::fs::read(vectors().join("tiny.safetensors")).unwrap()
+        std::fs::read(vectors_dir().join("tiny.safetensors")).unwrap()
     );
-    let out = mount_util::ckptfs(&["umount", mnt.to_str().unwrap()]);
+    let out = common::ckptfs(&["umount", mnt.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -460,7 +464,7 @@ fn background_mount_prints_its_log_and_umount_ends_it() {
     );
     assert!(!mnt.join("tiny.safetensors").exists());
     // A mount that cannot come up fails with a message and exit 1.
-    let out = mount_util::ckptfs(&["mount", store.to_str().unwrap(), "/nonexistent/mnt"]);
+    let out = common::ckptfs(&["mount", store.to_str().unwrap(), "/nonexistent/mnt"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/mnt"));
 }

@@ -4,9 +4,9 @@
 //! compression, out-of-space, and `.blz` directories staying read-only.
 //! Each test backs a rule of doc/SEMANTICS.md.
 
-mod mount_util;
+mod common;
 
-use mount_util::{ckptfs, Mount};
+use common::{ckptfs, Mount};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     for u in 0..a.units() as u32 {
-        let _ = a.verify_frame(u);
+        let _ = a.verify_unit(u, 0);
         let _ = a.decode_unit(u);
     }
     let mut buf = vec![0u8; a.len() as usize];

@@ -2,25 +2,7 @@
 //! the shared test vectors.
 
 use super::*;
-use std::path::PathBuf;
-
-fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
-}
-
-/// Every vector archive (by stem) with its original.
-fn vector_stems() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(vectors())
-        .unwrap()
-        .filter_map(|e| {
-            let n = e.unwrap().file_name().into_string().unwrap();
-            n.strip_suffix(".zstn").map(str::to_string)
-        })
-        .filter(|s| vectors().join(format!("{s}.safetensors")).exists())
-        .collect();
-    v.sort();
-    v
-}
+use crate::test_support::{vector_stems, vectors_dir as vectors};
 
 fn store() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();

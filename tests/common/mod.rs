@@ -1,17 +1,34 @@
-//! Helpers shared by the integration tests.
+//! The toolkit every integration test shares (`mod common;`): running the
+//! built binary, one deterministic generator, the committed test vectors,
+//! generated inputs (`fixtures`) and real mounts (`mount`).
+//!
+//! Each integration test is a crate of its own and compiles this module
+//! again, using only part of it: hence `allow(dead_code)` here, for the whole
+//! module, rather than in every test file (and `allow(unused_imports)` on
+//! the re-exports below, for the same reason).
 #![allow(dead_code)]
+
+mod fixtures;
+mod mount;
+// The same file as the library's `test_support` (unit tests use it too).
+#[path = "../../src/test_support.rs"]
+mod test_support;
+
+#[allow(unused_imports)]
+pub use fixtures::*;
+#[allow(unused_imports)]
+pub use mount::{Aligned, Mount};
+pub use test_support::{vector_stems, vectors_dir};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub fn vectors_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
-}
-
+/// The ckptfs binary cargo built for this test run.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ckptfs")
 }
 
+/// Runs ckptfs with `args` to completion and returns what it printed.
 pub fn ckptfs(args: &[&str]) -> Output {
     Command::new(bin()).args(args).output().expect("run ckptfs")
 }
@@ -38,6 +55,24 @@ pub fn ckptfs_limited(args: &[&str], limit_bytes: u64) -> Output {
     c.output().expect("run ckptfs")
 }
 
+/// Packs `src` into `dst` with `ckptfs pack --force`.
+pub fn pack(src: &Path, dst: &Path) {
+    let out = Command::new(bin())
+        .arg("pack")
+        .arg(src)
+        .arg("-o")
+        .arg(dst)
+        .arg("--force")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pack {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// (name, original .safetensors, .zstn) for every ZSTN vector in the manifest.
 pub fn zstn_vectors() -> Vec<(String, PathBuf, PathBuf)> {
     let dir = vectors_dir();
@@ -58,8 +93,11 @@ pub fn zstn_vectors() -> Vec<(String, PathBuf, PathBuf)> {
     v
 }
 
-/// A small deterministic PRNG (xorshift64*).
+/// A small deterministic PRNG (xorshift64*), the only one the tests use.
+/// Golden digests (tests/golden.rs, tests/blz.rs) are recorded from its
+/// stream: changing it changes them. A seed must not be 0.
 pub struct Rng(pub u64);
+
 impl Rng {
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
@@ -67,6 +105,7 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545F4914F6CDD1D)
     }
+    /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
         if n == 0 {
             0
@@ -80,105 +119,4 @@ impl Rng {
         let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
-}
-
-/// f32 -> bf16 bits with round-to-nearest-even.
-pub fn bf16_bits(x: f32) -> u16 {
-    let u = x.to_bits();
-    let round = 0x7fff + ((u >> 16) & 1);
-    ((u + round) >> 16) as u16
-}
-
-/// Builds a safetensors file from (name, dtype, shape, bytes) in order.
-pub fn safetensors_file(
-    tensors: &[(&str, &str, Vec<u64>, Vec<u8>)],
-    metadata: Option<&str>,
-) -> Vec<u8> {
-    let mut header = String::from("{");
-    if let Some(m) = metadata {
-        header.push_str(&format!("\"__metadata__\":{m}"));
-        if !tensors.is_empty() {
-            header.push(',');
-        }
-    }
-    let mut off = 0u64;
-    let mut data = Vec::new();
-    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
-        if i > 0 {
-            header.push(',');
-        }
-        let shape: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        header.push_str(&format!(
-            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{off},{}]}}",
-            shape.join(","),
-            off + bytes.len() as u64
-        ));
-        off += bytes.len() as u64;
-        data.extend_from_slice(bytes);
-    }
-    header.push('}');
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut f = (header.len() as u64).to_le_bytes().to_vec();
-    f.extend_from_slice(header.as_bytes());
-    f.extend_from_slice(&data);
-    f
-}
-
-/// N(0, sigma) bf16 bytes.
-pub fn gauss_bf16(rng: &mut Rng, n: usize, sigma: f64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        v.extend_from_slice(&bf16_bits((rng.normal() * sigma) as f32).to_le_bytes());
-    }
-    v
-}
-
-pub fn gauss_f32(rng: &mut Rng, n: usize, sigma: f64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(n * 4);
-    for _ in 0..n {
-        v.extend_from_slice(&((rng.normal() * sigma) as f32).to_le_bytes());
-    }
-    v
-}
-
-pub fn gauss_f16(rng: &mut Rng, n: usize, sigma: f64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        v.extend_from_slice(&f32_to_f16((rng.normal() * sigma) as f32).to_le_bytes());
-    }
-    v
-}
-
-/// f32 -> IEEE half with round-to-nearest-even (finite inputs of small magnitude).
-pub fn f32_to_f16(x: f32) -> u16 {
-    let u = x.to_bits();
-    let sign = ((u >> 16) & 0x8000) as u16;
-    let exp = ((u >> 23) & 0xff) as i32;
-    let mant = u & 0x7fffff;
-    let e = exp - 127 + 15;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = mant | 0x800000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rem = m & ((1 << shift) - 1);
-        let mut r = m >> shift;
-        if rem > half || (rem == half && r & 1 == 1) {
-            r += 1;
-        }
-        return sign | r as u16;
-    }
-    let mut r = ((e as u32) << 10) | (mant >> 13);
-    let rem = mant & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && r & 1 == 1) {
-        r += 1;
-    }
-    sign | r as u16
 }

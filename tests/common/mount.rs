@@ -1,98 +1,11 @@
 //! A real ckptfs mount for integration tests: a temp store, a temp
 //! mountpoint, the built binary in the foreground as a child process, and a
 //! Drop guard that always unmounts (aborting a wedged connection if it must).
-#![allow(dead_code)]
 
+use super::bin;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_ckptfs")
-}
-
-pub fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
-}
-
-/// Stems of the vector archives that have an original `.safetensors`.
-pub fn vector_stems() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(vectors())
-        .unwrap()
-        .filter_map(|e| {
-            let n = e.unwrap().file_name().into_string().unwrap();
-            n.strip_suffix(".zstn").map(str::to_string)
-        })
-        .filter(|s| vectors().join(format!("{s}.safetensors")).exists())
-        .collect();
-    v.sort();
-    v
-}
-
-pub fn ckptfs(args: &[&str]) -> std::process::Output {
-    Command::new(bin()).args(args).output().expect("run ckptfs")
-}
-
-/// Packs `src` into `dst` with `ckptfs pack`.
-pub fn pack(src: &Path, dst: &Path) {
-    let out = Command::new(bin())
-        .arg("pack")
-        .arg(src)
-        .arg("-o")
-        .arg(dst)
-        .arg("--force")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pack {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A store with every vector archive, ckptfs-packed copies of some
-/// originals, a config.json, a symlink and a subdirectory. Returns the
-/// (presented name, original path) pairs.
-pub fn populate_store(store: &Path) -> Vec<(String, PathBuf)> {
-    let mut pairs = Vec::new();
-    for s in vector_stems() {
-        std::fs::copy(
-            vectors().join(format!("{s}.zstn")),
-            store.join(format!("{s}.zstn")),
-        )
-        .unwrap();
-        pairs.push((
-            format!("{s}.safetensors"),
-            vectors().join(format!("{s}.safetensors")),
-        ));
-    }
-    for s in [
-        "bf16_dense",
-        "fp32_dense",
-        "tied",
-        "structured",
-        "ints",
-        "empty_file",
-    ] {
-        let orig = vectors().join(format!("{s}.safetensors"));
-        pack(&orig, &store.join(format!("packed_{s}.safetensors.zstn")));
-        pairs.push((format!("packed_{s}.safetensors"), orig));
-    }
-    std::fs::write(
-        store.join("config.json"),
-        b"{\"architectures\": [\"Test\"]}\n",
-    )
-    .unwrap();
-    std::os::unix::fs::symlink("config.json", store.join("config-link.json")).unwrap();
-    std::fs::create_dir(store.join("sub")).unwrap();
-    std::fs::copy(vectors().join("tiny.zstn"), store.join("sub/tiny.zstn")).unwrap();
-    pairs.push((
-        "sub/tiny.safetensors".into(),
-        vectors().join("tiny.safetensors"),
-    ));
-    pairs
-}
 
 fn mounted(mnt: &Path) -> bool {
     let want = mnt.to_string_lossy().to_string();
@@ -290,24 +203,5 @@ impl Drop for Aligned {
     fn drop(&mut self) {
         // SAFETY: allocated with this layout in `new`.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
-    }
-}
-
-/// xorshift64: deterministic offsets without a dependency.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
     }
 }
