@@ -10,6 +10,7 @@
 # cold safetensors safe_open + get_tensor of every tensor (numpy).
 #
 # Usage: scripts/bench-mount.sh [WORKDIR]
+# CKPTFS_BIN=PATH measures another build of ckptfs (e.g. before a change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-mount}")"
@@ -19,7 +20,7 @@ for t in mksquashfs squashfuse fio; do
 done
 bash scripts/setup-test-env.sh >/dev/null
 cargo build --release -q
-BIN="${CARGO_TARGET_DIR:-target}/release/ckptfs"
+BIN="${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}"
 PY=.venv/bin/python
 mkdir -p "$W/raw" "$W/store" "$W/mnt-ckptfs" "$W/mnt-squash"
 $PY scripts/make_bench_files.py "$W/raw" --only llama >/dev/null
