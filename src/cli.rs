@@ -148,7 +148,13 @@ pub struct MountArgs {
 #[derive(Debug, clap::Args)]
 pub struct UmountArgs {
     pub mountpoint: PathBuf,
-    /// Detach now even if files are open; the daemon exits when they close.
+    /// Detach now even if files are open and return at once; the daemon
+    /// exits when they close (without --lazy, umount waits until the daemon
+    /// has compressed what was written and exited).
     #[arg(short, long)]
     pub lazy: bool,
+    /// Give up waiting for the daemon after this many seconds (exit 1; the
+    /// daemon goes on and exits when done).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
 }

@@ -499,6 +499,22 @@ impl Filesystem for CheckpointFuse {
         reply.ok();
     }
 
+    /// No ioctls: ENOTTY, as a regular file on a local filesystem answers
+    /// (Python's `isatty` probe on every open asks for TCGETS).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn release(
         &self,
         _req: &Request,

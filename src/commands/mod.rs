@@ -2,6 +2,7 @@
 //! one-line message names the file and what is wrong.
 
 mod blz;
+mod daemon_state;
 mod info;
 mod mount;
 mod pack;

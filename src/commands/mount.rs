@@ -12,6 +12,7 @@
 //! and serves until unmounted. SIGINT/SIGTERM/SIGHUP unmount it (lazily if
 //! files are still open) and the process exits 0.
 
+use super::daemon_state::{self, daemon_pid, PidFile, WriterLock};
 use super::{Global, Result};
 use crate::cli::{MountArgs, UmountArgs};
 use crate::fs::{CheckpointFs, FsConfig};
@@ -20,7 +21,7 @@ use anyhow::Context as _;
 use fuser::{Config, MountOption, Session, SessionACL};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -92,7 +93,7 @@ fn mountinfo_has(mountpoint: &Path) -> bool {
         })
 }
 
-fn log_path(mountpoint: &Path) -> PathBuf {
+pub(super) fn log_path(mountpoint: &Path) -> PathBuf {
     let base = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
@@ -152,6 +153,15 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
             "{}: already a ckptfs mount",
             mountpoint.display()
         ));
+    }
+    if !a.read_only {
+        // The daemon takes the lock itself; trying here first gives the
+        // clean one-line refusal instead of "the mount did not come up".
+        let store = a
+            .store
+            .canonicalize()
+            .with_context(|| a.store.display().to_string())?;
+        drop(WriterLock::acquire(&store)?);
     }
     let log = a.log_file.clone().unwrap_or_else(|| log_path(mountpoint));
     if let Some(dir) = log.parent() {
@@ -270,7 +280,11 @@ fn foreground(
     threads: Option<usize>,
 ) -> Result<ExitCode> {
     let level = a.log_level.clone();
-    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    // fuser logs a warning when the session, ended by an unmount, tries to
+    // unmount again on exit (EINVAL): noise on every umount.
+    let mut b = env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("info,fuser::session=error"),
+    );
     if let Some(l) = level {
         b.parse_filters(&l);
     }
@@ -288,6 +302,13 @@ fn foreground(
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
     let n_threads = threads.unwrap_or_else(default_threads);
+    // One writable daemon per store, taken before the spool is recovered
+    // and held until this process exits.
+    let _writer_lock = if a.read_only {
+        None
+    } else {
+        Some(WriterLock::acquire(&store)?)
+    };
     let fs = CheckpointFs::new(FsConfig {
         store: store.clone(),
         cache_bytes,
@@ -331,6 +352,9 @@ fn foreground(
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
         .with_context(|| format!("{}: cannot mount", mountpoint.display()))?;
+    // Removed when this function returns: after the last compression.
+    let _pid_file = PidFile::create(&mountpoint)
+        .with_context(|| format!("{}: pid file", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
     let mp = mountpoint.clone();
     std::thread::spawn(move || raise_read_ahead(&mp, 16 << 10));
@@ -378,16 +402,48 @@ fn foreground(
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn umount(_g: Global, a: UmountArgs) -> Result<ExitCode> {
+/// Unmounts, then waits until the daemon has finished (files closed just
+/// before are compressed first) and exited, so that a `mount` of the same
+/// store right after finds it free. `--lazy` detaches and returns at once.
+pub fn umount(g: Global, a: UmountArgs) -> Result<ExitCode> {
     let mp = a
         .mountpoint
         .canonicalize()
         .with_context(|| a.mountpoint.display().to_string())?;
+    let pid = daemon_pid(&mp);
+    unmount_now(&mp, a.lazy)?;
+    let Some(pid) = pid.filter(|_| !a.lazy) else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let pb = if g.quiet || !std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new_spinner()
+    };
+    pb.set_message(format!(
+        "waiting for the daemon (pid {pid}) to finish its work and exit"
+    ));
+    let timeout = a.timeout.map(Duration::from_secs_f64);
+    let done = daemon_state::wait_exit(pid, timeout, &|_| pb.tick());
+    pb.finish_and_clear();
+    if !done {
+        anyhow::bail!(
+            "{}: unmounted, but the daemon (pid {pid}) is still finishing after {}s \
+             (compressing staged files; see its log {})",
+            mp.display(),
+            a.timeout.unwrap_or_default(),
+            log_path(&mp).display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn unmount_now(mp: &Path, lazy: bool) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if root {
         let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
-        let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
         // SAFETY: `c` is a valid NUL-terminated path.
         if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
             let e = std::io::Error::last_os_error();
@@ -396,20 +452,20 @@ pub fn umount(_g: Global, a: UmountArgs) -> Result<ExitCode> {
             } else {
                 ""
             };
-            return Err(anyhow::anyhow!("{}: {e}{hint}", mp.display()));
+            anyhow::bail!("{}: {e}{hint}", mp.display());
         }
     } else {
         let mut cmd = std::process::Command::new("fusermount3");
         cmd.arg("-u");
-        if a.lazy {
+        if lazy {
             cmd.arg("-z");
         }
-        let st = cmd.arg(&mp).status().context("fusermount3")?;
+        let st = cmd.arg(mp).status().context("fusermount3")?;
         if !st.success() {
-            return Err(anyhow::anyhow!("{}: fusermount3 -u failed", mp.display()));
+            anyhow::bail!("{}: fusermount3 -u failed", mp.display());
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,146 @@
+//! What a running mount daemon holds outside the filesystem, so that other
+//! `ckptfs` processes can find it and never run beside it unsafely:
+//!
+//! - the store's *writer lock*: `STORE/.ckptfs-spool/writer.lock`, held
+//!   with `flock(LOCK_EX)` by the one writable daemon of a store from before
+//!   spool recovery until it exits, with its pid written inside. A second
+//!   writable mount of the store fails with a one-line error naming that
+//!   pid. The kernel drops a flock when its holder dies, so the lock of a
+//!   killed daemon is taken over by the next mount, which then recovers the
+//!   spool (the file's pid is only a message, never trusted). Read-only
+//!   mounts never touch the spool and take no lock.
+//! - the *pid file* of a mountpoint, beside the daemon's log
+//!   (`$XDG_STATE_HOME/ckptfs/mount-NAME.pid`), written once the session is
+//!   mounted and removed when the daemon exits: `ckptfs umount` reads it to
+//!   wait until the daemon has finished its work (pending compressions
+//!   included) and exited.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Name of the writer lock inside the spool directory.
+pub const WRITER_LOCK: &str = "writer.lock";
+
+/// The store's writer lock, held until dropped (or the process dies).
+#[derive(Debug)]
+pub struct WriterLock {
+    _file: File,
+}
+
+impl WriterLock {
+    /// Takes the writer lock of `store`, or says which daemon holds it.
+    pub fn acquire(store: &Path) -> anyhow::Result<WriterLock> {
+        let dir = store.join(crate::fs::spool::SPOOL_DIR);
+        std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        let path = dir.join(WRITER_LOCK);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                anyhow::bail!("{}: cannot lock: {e}", path.display());
+            }
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            let holder = match text.trim().parse::<u32>() {
+                Ok(pid) => format!("pid {pid}"),
+                Err(_) => "another process".to_string(),
+            };
+            anyhow::bail!(
+                "{}: the store is in use by a writable ckptfs daemon ({holder}); \
+                 unmount it first (`ckptfs umount` waits for it), or mount with --read-only",
+                store.display()
+            );
+        }
+        let mine = format!("{}\n", std::process::id());
+        file.set_len(0)
+            .and_then(|_| file.rewind())
+            .and_then(|_| file.write_all(mine.as_bytes()))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(WriterLock { _file: file })
+    }
+}
+
+/// Where the daemon serving `mountpoint` records its pid.
+pub fn pid_path(mountpoint: &Path) -> PathBuf {
+    super::mount::log_path(mountpoint).with_extension("pid")
+}
+
+/// The pid file of a running daemon; removed when dropped.
+#[derive(Debug)]
+pub struct PidFile {
+    path: PathBuf,
+}
+
+impl PidFile {
+    pub fn create(mountpoint: &Path) -> std::io::Result<PidFile> {
+        let path = pid_path(mountpoint);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        crate::fsutil::write_atomic(&path, true, |w| {
+            w.write_all(format!("{}\n", std::process::id()).as_bytes())
+        })?;
+        Ok(PidFile { path })
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The pid of the ckptfs daemon serving `mountpoint`, if it runs.
+pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(pid_path(mountpoint)).ok()?;
+    let pid: u32 = text.trim().parse().ok()?;
+    // A stale file may name a pid reused by another program: the process
+    // must be a ckptfs mount.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let is_ckptfs = args.first().is_some_and(|a| {
+        Path::new(std::ffi::OsStr::from_bytes(a)).file_name() == Some("ckptfs".as_ref())
+    }) && args.iter().any(|a| *a == b"mount");
+    is_ckptfs.then_some(pid)
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                // Field 3 (after the parenthesised comm) is the state; a
+                // zombie has exited.
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    != Some("Z")
+            })
+            .unwrap_or(false)
+}
+
+/// Waits until `pid` has exited, or `timeout` passes (returns false).
+/// `tick` is called about every 100 ms with the time waited so far.
+pub fn wait_exit(pid: u32, timeout: Option<Duration>, tick: &dyn Fn(Duration)) -> bool {
+    let start = Instant::now();
+    while alive(pid) {
+        let waited = start.elapsed();
+        if timeout.is_some_and(|t| waited >= t) {
+            return false;
+        }
+        tick(waited);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
