@@ -283,6 +283,22 @@ pub trait ArchiveView: Send + Sync {
     }
 }
 
+/// What a file starting with `head` is, when it is a z4ai container or
+/// frame that ckptfs does not read (for a message that names it).
+pub fn unsupported_kind(head: &[u8]) -> Option<&'static str> {
+    if head.starts_with(b"Z4AIMF01") {
+        Some("a chunked z4ai frame (Z4AIMF01, from z4ai.chunked.compress)")
+    } else if head.starts_with(b"ZARA") {
+        Some("a z4ai effort=max frame (ZARA, possibly brotli-coded)")
+    } else if head.starts_with(b"Z4DL") {
+        Some("a z4ai XOR delta frame (Z4DL)")
+    } else if head.starts_with(b"Z4DM") {
+        Some("a z4ai model delta (Z4DM)")
+    } else {
+        None
+    }
+}
+
 /// Opens the archive at `path`, of whatever kind its first bytes say.
 pub fn open(path: &Path) -> Result<Arc<dyn ArchiveView>> {
     let file = std::fs::File::open(path).map_err(|source| ArchiveError::Io {
@@ -314,6 +330,13 @@ fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn Ar
     match Kind::detect(head) {
         Some(Kind::Zstn) => Ok(Arc::new(ZstnArchive::from_backing(backing, path)?)),
         Some(Kind::Blz) => Ok(Arc::new(BlzArchive::from_backing(backing, path)?)),
+        None if unsupported_kind(head).is_some() => Err(ArchiveError::Unrecognised {
+            path: path.to_path_buf(),
+            what: format!(
+                "{}: ckptfs does not read this kind of z4ai file (decode it with z4ai)",
+                unsupported_kind(head).unwrap_or_default()
+            ),
+        }),
         None => Err(ArchiveError::Unrecognised {
             path: path.to_path_buf(),
             what: format!(

@@ -38,6 +38,29 @@ pub struct FileInfo {
     pub plane_methods: BTreeMap<String, usize>,
     pub records: BTreeMap<String, usize>,
     pub tensor_list: Vec<TensorInfo>,
+    /// Why the header is not strict safetensors, when it is not (z4ai
+    /// writes some such files; they still decode exactly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_note: Option<String>,
+}
+
+/// dtype and shape of each entry of a header that is not strict
+/// safetensors, as far as they can be read (best effort, for display).
+fn loose_entries(raw: &[u8]) -> BTreeMap<String, (String, Vec<u64>)> {
+    let Ok(serde_json::Value::Object(obj)) = serde_json::from_slice(raw) else {
+        return BTreeMap::new();
+    };
+    obj.into_iter()
+        .filter(|(k, _)| k != "__metadata__")
+        .map(|(k, v)| {
+            let dtype = v["dtype"].as_str().unwrap_or("?").to_string();
+            let shape = v["shape"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|d| d.as_u64()).collect())
+                .unwrap_or_default();
+            (k, (dtype, shape))
+        })
+        .collect()
 }
 
 fn ratio(raw: u64, stored: u64) -> f64 {
@@ -69,13 +92,34 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
         plane_methods: BTreeMap::new(),
         records: BTreeMap::new(),
         tensor_list: Vec::new(),
+        header_note: a
+            .header_error()
+            .map(|e| {
+                format!("the header is not strict safetensors ({e}); the file decodes exactly")
+            })
+            .or_else(|| {
+                let h = a.header()?;
+                let e = h.validate(a.container().data_len).err()?;
+                Some(format!("not strict safetensors: {e}"))
+            }),
     };
-    if let Some(h) = a.header() {
-        info.tensors = h.tensors.len();
-        for t in &h.tensors {
-            *info.dtypes.entry(t.dtype.clone()).or_default() += 1;
+    let loose = match a.header() {
+        Some(h) => {
+            info.tensors = h.tensors.len();
+            for t in &h.tensors {
+                *info.dtypes.entry(t.dtype.clone()).or_default() += 1;
+            }
+            BTreeMap::new()
         }
-    }
+        None => {
+            let loose = loose_entries(a.header_bytes());
+            info.tensors = a.records().len().max(loose.len());
+            for (dtype, _) in loose.values() {
+                *info.dtypes.entry(dtype.clone()).or_default() += 1;
+            }
+            loose
+        }
+    };
     let count = |info: &mut FileInfo, f: &Frame<'_>| {
         *info.frame_kinds.entry(f.kind_tag()).or_default() += 1;
         for m in f.plane_methods() {
@@ -107,8 +151,10 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
         Layout::Indexed { records, .. } => {
             for (i, r) in records.iter().enumerate() {
                 let entry = a.entry(&r.name);
-                let (dtype, shape) =
-                    entry.map_or(("?".into(), vec![]), |e| (e.dtype.clone(), e.shape.clone()));
+                let (dtype, shape) = match entry {
+                    Some(e) => (e.dtype.clone(), e.shape.clone()),
+                    None => loose.get(&r.name).cloned().unwrap_or(("?".into(), vec![])),
+                };
                 let unit = a.unit_of_record(i);
                 let f = a.frame(unit)?;
                 let (frame, methods) = frame_desc(&f);
@@ -155,6 +201,7 @@ fn frame_info(path: &std::path::Path, bytes: &[u8]) -> Result<FileInfo> {
         plane_methods: BTreeMap::new(),
         records: BTreeMap::new(),
         tensor_list: vec![],
+        header_note: None,
     };
     for m in &methods {
         *info.plane_methods.entry(m.to_string()).or_default() += 1;
@@ -196,6 +243,9 @@ fn print_human(i: &FileInfo, per_tensor: bool) {
     println!("  records       {}", hist(&i.records));
     println!("  frame kinds   {}", hist(&i.frame_kinds));
     println!("  plane methods {}", hist(&i.plane_methods));
+    if let Some(n) = &i.header_note {
+        println!("  note          {n}");
+    }
     if per_tensor {
         println!(
             "  {:<48} {:>8} {:>14} {:>14} {:>7} {:>6}  frame / planes",

@@ -20,11 +20,22 @@ pub fn default_output(input: &Path, frame: bool) -> PathBuf {
             None => format!("{s}.out"),
         });
     }
-    let base = s.strip_suffix(".zstn").unwrap_or(&s);
-    if base.ends_with(".safetensors") {
+    let base = s
+        .strip_suffix(".zstn")
+        .or_else(|| s.strip_suffix(".z4ai.safetensors"))
+        .unwrap_or(&s);
+    let out = if base.ends_with(".safetensors") {
         PathBuf::from(base)
     } else {
         PathBuf::from(format!("{base}.safetensors"))
+    };
+    // The default output is never the input (an archive named .safetensors
+    // would be replaced by its decoded bytes with --force).
+    if out == input {
+        let stem = s.strip_suffix(".safetensors").unwrap_or(&s);
+        PathBuf::from(format!("{stem}.unpacked.safetensors"))
+    } else {
+        out
     }
 }
 
