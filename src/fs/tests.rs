@@ -1,7 +1,9 @@
 //! `CheckpointFs` driven directly, without a mount, over a store built from
 //! the shared test vectors.
 
+use super::attr::to_time;
 use super::*;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 fn vectors() -> PathBuf {

@@ -4,6 +4,7 @@
 
 use super::spool::SPOOL_DIR;
 use super::*;
+use std::ffi::{OsStr, OsString};
 
 const ME: Caller = Caller { uid: 0, gid: 0 };
 
