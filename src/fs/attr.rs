@@ -11,10 +11,10 @@
 use super::handles::Handle;
 use super::inode::{Inode, NodeKind};
 use super::resolve::not_found_is;
+use super::sys::cpath;
 use super::{Attr, CheckpointFs, FileKind, FsError, Result, StatFs};
 use std::fs::Metadata;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -119,7 +119,7 @@ impl CheckpointFs {
             inode.kind(),
             NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
         ) {
-            return Err(FsError::Io(io::Error::from_raw_os_error(libc::EINVAL)));
+            return Err(FsError::NotASymlink);
         }
         Ok(std::fs::read_link(self.full(&inode)?)
             .map_err(not_found_is)?
@@ -129,8 +129,9 @@ impl CheckpointFs {
 
     /// Statistics of the filesystem holding STORE.
     pub fn statfs(&self) -> Result<StatFs> {
-        let c = std::ffi::CString::new(self.store.as_os_str().as_bytes())
-            .map_err(|e| FsError::Io(io::Error::other(e)))?;
+        // Never fails: `new` canonicalized STORE, which a path with a NUL
+        // byte cannot be.
+        let c = cpath(&self.store)?;
         // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: `c` is a valid NUL-terminated path and `s` a writable

@@ -47,6 +47,7 @@ pub mod prefetch;
 mod read;
 mod resolve;
 pub mod spool;
+mod sys;
 mod types;
 mod write;
 mod xattr;

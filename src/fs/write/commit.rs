@@ -10,10 +10,10 @@
 //! space) the staged file stays, served as it is, and the error is logged.
 //! The inode keeps its number and page cache: only its backing changes.
 
-use super::sys::is_root;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::spool::{Entry as SpoolEntry, Spool};
+use crate::fs::sys::is_root;
 use crate::fs::{CheckpointFs, FsError, Result};
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};

@@ -5,10 +5,10 @@
 //! runs as root. Reserved names are refused (see `check_new_name`).
 
 use super::open::backing_flags;
-use super::sys::{check, cpath, errno, set_owner};
 use crate::fs::inode::{Inode, NodeKind};
 use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
+use crate::fs::sys::{check, cpath, set_owner};
 use crate::fs::{Caller, CheckpointFs, Entry, FsError, Opened, Result};
 use std::ffi::OsStr;
 use std::fs::{Metadata, OpenOptions};
@@ -28,7 +28,7 @@ impl CheckpointFs {
     ) -> Result<(Entry, Opened)> {
         let (p, rel) = self.writable_dir(parent)?;
         match self.resolve(&p, name) {
-            Ok(_) if flags & libc::O_EXCL != 0 => return Err(errno(libc::EEXIST)),
+            Ok(_) if flags & libc::O_EXCL != 0 => return Err(FsError::Exists),
             Ok(_) => {
                 let e = self.lookup(parent, name)?;
                 let o = self.open(e.attr.ino, flags)?;
@@ -135,7 +135,7 @@ impl CheckpointFs {
         let (p, rel) = self.writable_dir(parent)?;
         self.check_new_name(&rel, name, dir)?;
         if self.resolve(&p, name).is_ok() {
-            return Err(errno(libc::EEXIST));
+            return Err(FsError::Exists);
         }
         let d = self.store.join(&rel);
         let dm = std::fs::metadata(&d).map_err(not_found_is)?;
@@ -175,16 +175,16 @@ impl CheckpointFs {
         let inode = self.inode(ino)?;
         match inode.kind() {
             NodeKind::Plain => {}
-            NodeKind::Directory | NodeKind::Blz => return Err(errno(libc::EPERM)),
+            NodeKind::Directory | NodeKind::Blz => return Err(FsError::NotLinkable),
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
             // Deliberate: see doc/SEMANTICS.md.
-            NodeKind::Archive | NodeKind::Staged { .. } => return Err(errno(libc::EPERM)),
+            NodeKind::Archive | NodeKind::Staged { .. } => return Err(FsError::NotLinkable),
         }
         if namespace::is_staging_name(newname) {
-            return Err(errno(libc::EPERM));
+            return Err(FsError::NotLinkable);
         }
         if self.resolve(&np, newname).is_ok() {
-            return Err(errno(libc::EEXIST));
+            return Err(FsError::Exists);
         }
         let _g = self.ns_lock();
         std::fs::hard_link(self.full(&inode)?, self.store.join(&rel).join(newname))?;

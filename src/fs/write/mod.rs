@@ -29,7 +29,6 @@ mod remove;
 mod rename;
 mod setattr;
 mod stage;
-mod sys;
 mod writers;
 
 use super::inode::{Inode, NodeKind};
@@ -39,7 +38,6 @@ use super::{CheckpointFs, FsError, Result};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use sys::errno;
 
 impl CheckpointFs {
     fn spool(&self) -> Result<&Spool> {
@@ -69,16 +67,16 @@ impl CheckpointFs {
     /// that STORE uses for archives (`X.zstn`, `X.blz`).
     fn check_new_name(&self, rel: &Path, name: &OsStr, dir: bool) -> Result<()> {
         if name.len() > 255 {
-            return Err(errno(libc::ENAMETOOLONG));
+            return Err(FsError::NameTooLong);
         }
         if rel.as_os_str().is_empty() && name == spool::SPOOL_DIR {
-            return Err(errno(libc::EPERM));
+            return Err(FsError::ReservedName);
         }
         if !dir && namespace::is_archive_name(name) {
             // A regular file with this name in STORE is presented as an
             // archive under another name; refuse rather than surprise.
             log::debug!("refusing to create {name:?}: names ending in .zstn/.blz are reserved");
-            return Err(errno(libc::EPERM));
+            return Err(FsError::ReservedName);
         }
         Ok(())
     }

@@ -6,12 +6,12 @@
 //! opened; a writer registers in `writers` before waiting out a running
 //! compression of its file.
 
-use super::sys::{check, errno};
 use crate::fs::handles::{Handle, PlainHandle};
 use crate::fs::inode::{Inode, NodeKind};
 use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
 use crate::fs::spool::Spool;
+use crate::fs::sys::check;
 use crate::fs::{CheckpointFs, FsError, Opened, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -41,7 +41,7 @@ impl CheckpointFs {
     /// Opens `ino` for writing (or with `O_TRUNC`).
     pub(in crate::fs) fn open_write(&self, ino: u64, flags: i32) -> Result<Opened> {
         if flags & libc::O_ACCMODE == libc::O_ACCMODE {
-            return Err(errno(libc::EINVAL));
+            return Err(FsError::BadAccessMode);
         }
         let spool = self.spool()?;
         let inode = self.inode(ino)?;

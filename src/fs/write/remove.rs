@@ -4,7 +4,6 @@
 //! present it and a plain file of that name. A directory holding staged
 //! files is not empty.
 
-use super::sys::errno;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
@@ -46,7 +45,7 @@ impl CheckpointFs {
             NodeKind::Directory => {}
             // A `.blz` is a directory with content; it is removed by
             // unlinking the `.blz` in STORE.
-            NodeKind::Blz => return Err(errno(libc::ENOTEMPTY)),
+            NodeKind::Blz => return Err(FsError::NotEmpty),
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
             NodeKind::Plain | NodeKind::Archive | NodeKind::Staged { .. } => {
                 return Err(FsError::NotADirectory)
@@ -54,7 +53,7 @@ impl CheckpointFs {
         }
         let drel = rel.join(&backing);
         if !self.spool()?.ids_under(&drel).is_empty() {
-            return Err(errno(libc::ENOTEMPTY));
+            return Err(FsError::NotEmpty);
         }
         std::fs::remove_dir(self.store.join(&drel))?;
         self.inodes.remove_name(parent, name);

@@ -7,7 +7,6 @@
 //! as a plain file; an archive keeps its `.zstn` under the new name. What
 //! cannot be presented under the new name is refused (see each arm).
 
-use super::sys::errno;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
@@ -26,7 +25,7 @@ impl CheckpointFs {
         flags: u32,
     ) -> Result<()> {
         if flags & !libc::RENAME_NOREPLACE != 0 {
-            return Err(errno(libc::EINVAL));
+            return Err(FsError::UnsupportedRenameFlags(flags));
         }
         let (p, rel) = self.writable_dir(parent)?;
         let (np, nrel) = self.writable_dir(newparent)?;
@@ -44,7 +43,7 @@ impl CheckpointFs {
         }
         if let Some((_, dkind, dmeta)) = &dst {
             if flags & libc::RENAME_NOREPLACE != 0 {
-                return Err(errno(libc::EEXIST));
+                return Err(FsError::Exists);
             }
             if (dmeta.dev(), dmeta.ino()) == (meta.dev(), meta.ino()) {
                 // Two names of one file: rename(2) does nothing.
@@ -56,10 +55,10 @@ impl CheckpointFs {
                 _ => {}
             }
             if *dkind == NodeKind::Blz {
-                return Err(errno(libc::ENOTEMPTY));
+                return Err(FsError::NotEmpty);
             }
             if *dkind == NodeKind::Directory && !spool.ids_under(&nrel.join(newname)).is_empty() {
-                return Err(errno(libc::ENOTEMPTY));
+                return Err(FsError::NotEmpty);
             }
         }
         let src_dir = self.store.join(&rel);
@@ -75,12 +74,12 @@ impl CheckpointFs {
             NodeKind::Blz => {
                 if dst.is_some() {
                     // Deliberate: see doc/SEMANTICS.md.
-                    return Err(errno(libc::EXDEV));
+                    return Err(FsError::CopyInstead);
                 }
                 let mut b = newname.to_os_string();
                 b.push(".blz");
                 if std::fs::symlink_metadata(dst_dir.join(&b)).is_ok() {
-                    return Err(errno(libc::EEXIST));
+                    return Err(FsError::Exists);
                 }
                 std::fs::rename(src_dir.join(&backing), dst_dir.join(&b))?;
                 (b, kind, identity)
@@ -124,7 +123,7 @@ impl CheckpointFs {
             }
             // An archive is only presented under an `X.safetensors` name;
             // EXDEV makes mv(1) and shutil.move copy (decoding) instead.
-            NodeKind::Archive => return Err(errno(libc::EXDEV)),
+            NodeKind::Archive => return Err(FsError::CopyInstead),
         };
         crate::fsutil::sync_dir(&dst_dir)?;
         if rel != nrel {

@@ -3,11 +3,11 @@
 //! A size change of an `X.safetensors` stages it first (a truncated archive
 //! is a new version); everything else is applied to the backing file.
 
-use super::sys::{check, cpath, timespec};
 use crate::fs::handles::{Handle, PlainHandle};
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
+use crate::fs::sys::{check, cpath, timespec};
 use crate::fs::{Attr, CheckpointFs, FsError, Result, SetAttr};
 use std::fs::OpenOptions;
 

@@ -7,11 +7,11 @@
 //! the inode's backing, not its number. A truncate of a staged file counts
 //! as a writer while it runs.
 
-use super::sys::{errno, is_root};
 use crate::archive::ArchiveView;
 use crate::fs::inode::{Inode, NodeKind};
 use crate::fs::resolve::not_found_is;
 use crate::fs::spool::Spool;
+use crate::fs::sys::is_root;
 use crate::fs::{CheckpointFs, FsError, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -124,7 +124,9 @@ fn copy_up(a: &dyn ArchiveView, out: &File) -> Result<()> {
             .read_at(0, off, &mut buf[..n])
             .map_err(|e| FsError::Decode(Arc::new(e)))?;
         if got == 0 {
-            return Err(errno(libc::EIO));
+            return Err(a
+                .integrity(format!("ended at byte {off} of {len} while copying it up"))
+                .into());
         }
         out.write_all_at(&buf[..got], off)?;
         off += got as u64;

@@ -1,19 +1,15 @@
-//! Small libc helpers of the write path: C paths, return codes, the owner
-//! of new entries, `utimensat` times.
+//! Small libc helpers: C paths, return codes, the owner of new entries,
+//! `utimensat` times.
 
-use crate::fs::{Caller, FsError, Result, SetTime};
+use super::{Caller, FsError, Result, SetTime};
 use std::fs::Metadata;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-pub(super) fn errno(e: i32) -> FsError {
-    FsError::Io(io::Error::from_raw_os_error(e))
-}
-
 pub(super) fn cpath(p: &Path) -> Result<std::ffi::CString> {
-    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| FsError::NulInPath)
 }
 
 pub(super) fn check(rc: libc::c_int) -> Result<()> {
