@@ -20,11 +20,12 @@ use super::inode::Identity;
 use super::prefetch::Sequential;
 use super::{CheckpointFs, FileKind, FsError, Opened, Result};
 use crate::archive::ArchiveView;
+use parking_lot::Mutex;
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// What an archive handle serves: one file of an opened archive.
 #[derive(Clone)]
@@ -69,17 +70,13 @@ pub(super) enum Handle {
 impl CheckpointFs {
     pub(super) fn insert_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(fh, Arc::new(h));
+        self.handles.write().insert(fh, Arc::new(h));
         fh
     }
 
     pub(super) fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
         self.handles
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .get(&fh)
             .cloned()
             .ok_or(FsError::BadHandle(fh))
@@ -117,22 +114,17 @@ impl CheckpointFs {
     /// (archives, plain handles not passed through). The kernel refuses a
     /// passthrough open of an inode with such handles, and vice versa.
     pub(super) fn has_cached_opens(&self, ino: u64) -> bool {
-        self.handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .any(|h| match &**h {
-                Handle::Archive(a) => a.ino == ino,
-                Handle::Plain(p) => p.ino == ino && p.cached,
-                Handle::Dir(_) => false,
-            })
+        self.handles.read().values().any(|h| match &**h {
+            Handle::Archive(a) => a.ino == ino,
+            Handle::Plain(p) => p.ino == ino && p.cached,
+            Handle::Dir(_) => false,
+        })
     }
 
     /// Whether any handle has the backing file `id` open.
     pub(super) fn is_open(&self, id: Identity) -> bool {
         self.handles
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .values()
             .any(|h| matches!(&**h, Handle::Plain(p) if p.identity == id))
     }
@@ -140,11 +132,7 @@ impl CheckpointFs {
     /// Closes a handle. The last writer of a staged file queues it for
     /// compression (the close does not wait for it).
     pub fn release(&self, fh: u64) {
-        let h = self
-            .handles
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&fh);
+        let h = self.handles.write().remove(&fh);
         if let Some(h) = h {
             if let Handle::Plain(p) = &*h {
                 match p.writer {

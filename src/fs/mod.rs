@@ -64,6 +64,7 @@ use crate::archive::ArchiveError;
 use crate::cache::{BlockCache, CacheStats};
 use handles::Handle;
 use inode::{Identity, Inode, InodeTable};
+use parking_lot::{Condvar, Mutex, RwLock};
 use prefetch::Policy;
 use spool::Spool;
 use std::collections::{HashMap, HashSet};
@@ -71,7 +72,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -105,7 +106,7 @@ pub struct CheckpointFs {
     writers: Mutex<HashMap<Identity, usize>>,
     /// Staged files waiting to be compressed.
     queue: Mutex<std::collections::VecDeque<u64>>,
-    queue_cv: std::sync::Condvar,
+    queue_cv: Condvar,
 }
 
 impl std::fmt::Debug for CheckpointFs {

@@ -21,10 +21,11 @@ use super::resolve::not_found_is;
 use super::{CheckpointFs, FsError, Opened, Result};
 use crate::archive::{self, BlockKey, PieceSource};
 use crate::cache::{CacheKey, FetchError};
+use parking_lot::Mutex;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 impl CheckpointFs {
     /// Opens a file. `flags` are the open(2) flags; opening for writing
@@ -36,7 +37,7 @@ impl CheckpointFs {
             // inode and opening its spool file: wait for the commit to
             // finish (it holds `ns`) and open what it left.
             Err(FsError::NotFound | FsError::Stale) if staged => {
-                drop(self.ns.lock().unwrap_or_else(|p| p.into_inner()));
+                drop(self.ns.lock());
                 self.open_once(ino, flags)
             }
             r => r,
@@ -144,11 +145,7 @@ impl CheckpointFs {
             return Ok(Vec::new());
         }
         let n = (size as u64).min(len - offset);
-        let ahead =
-            h.seq
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .on_read(offset, n, len, &self.policy);
+        let ahead = h.seq.lock().on_read(offset, n, len, &self.policy);
         if let Some(range) = ahead {
             self.prefetch(h, range);
         }

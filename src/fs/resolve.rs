@@ -79,7 +79,7 @@ impl CheckpointFs {
     }
 
     fn warn_once(&self, path: &Path, msg: impl FnOnce() -> String) {
-        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.warned.lock();
         if w.insert(path.to_path_buf()) {
             log::warn!("{}", msg());
         }

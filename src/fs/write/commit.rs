@@ -49,7 +49,7 @@ impl CheckpointFs {
                 return;
             }
         };
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         let current = spool.entry(id);
         if current.as_ref().map(|c| c.version) != Some(entry.version)
             || self.writer_count(entry.identity) > 0

@@ -40,7 +40,7 @@ impl CheckpointFs {
         self.check_new_name(&rel, name, false)?;
         let dir = self.store.join(&rel);
         let dm = std::fs::metadata(&dir).map_err(not_found_is)?;
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         let spool = self.spool()?;
         if namespace::is_staging_name(name) {
             let (id, file) = spool.create(&rel.join(name), mode, flags)?;
@@ -186,7 +186,7 @@ impl CheckpointFs {
         if self.resolve(&np, newname).is_ok() {
             return Err(FsError::Exists);
         }
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         std::fs::hard_link(self.full(&inode)?, self.store.join(&rel).join(newname))?;
         self.lookup(newparent, newname)
     }

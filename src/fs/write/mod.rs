@@ -47,10 +47,6 @@ impl CheckpointFs {
         }
     }
 
-    fn ns_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.ns.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// A directory that may be changed: not read-only, not inside a
     /// `.blz`. Returns it with its path relative to STORE.
     fn writable_dir(&self, parent: u64) -> Result<(Arc<Inode>, PathBuf)> {

@@ -7,7 +7,7 @@ use std::path::Path;
 impl CheckpointFs {
     /// Queues staged file `id` for compression.
     pub(in crate::fs) fn schedule(&self, id: u64) {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.queue.lock();
         if !q.contains(&id) {
             q.push_back(id);
         }
@@ -19,7 +19,7 @@ impl CheckpointFs {
         use std::sync::atomic::Ordering;
         loop {
             let id = {
-                let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                let mut q = self.queue.lock();
                 loop {
                     if stop.load(Ordering::Relaxed) {
                         return;
@@ -27,11 +27,8 @@ impl CheckpointFs {
                     if let Some(id) = q.pop_front() {
                         break id;
                     }
-                    q = self
-                        .queue_cv
-                        .wait_timeout(q, std::time::Duration::from_millis(500))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    self.queue_cv
+                        .wait_for(&mut q, std::time::Duration::from_millis(500));
                 }
             };
             self.commit(id);
@@ -46,11 +43,7 @@ impl CheckpointFs {
     /// Compresses every queued file now, on this thread (tests, unmount).
     pub fn run_writeback(&self) {
         loop {
-            let id = self
-                .queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front();
+            let id = self.queue.lock().pop_front();
             match id {
                 Some(id) => self.commit(id),
                 None => return,

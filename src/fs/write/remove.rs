@@ -21,7 +21,7 @@ fn remove_if_exists(path: &Path) -> Result<()> {
 impl CheckpointFs {
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
         let (p, rel) = self.writable_dir(parent)?;
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         let (backing, kind, _) = self.resolve(&p, name)?;
         match kind {
             NodeKind::Directory | NodeKind::Blz => return Err(FsError::IsADirectory),
@@ -39,7 +39,7 @@ impl CheckpointFs {
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
         let (p, rel) = self.writable_dir(parent)?;
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         let (backing, kind, _) = self.resolve(&p, name)?;
         match kind {
             NodeKind::Directory => {}

@@ -30,7 +30,7 @@ impl CheckpointFs {
         let (p, rel) = self.writable_dir(parent)?;
         let (np, nrel) = self.writable_dir(newparent)?;
         let spool = self.spool()?;
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         let (backing, kind, meta) = self.resolve(&p, name)?;
         let dst = match self.resolve(&np, newname) {
             Ok(d) => Some(d),

@@ -20,7 +20,7 @@ use std::sync::Arc;
 impl CheckpointFs {
     /// Moves plain `X.safetensors` into the spool (it is being written).
     pub(super) fn stage_plain(&self, spool: &Spool, inode: &Inode) -> Result<u64> {
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         if let NodeKind::Staged { id } = inode.kind() {
             return Ok(id);
         }
@@ -43,7 +43,7 @@ impl CheckpointFs {
         inode: &Inode,
         truncate: bool,
     ) -> Result<u64> {
-        let _g = self.ns_lock();
+        let _g = self.ns.lock();
         if let NodeKind::Staged { id } = inode.kind() {
             return Ok(id);
         }

@@ -10,27 +10,17 @@ use crate::fs::CheckpointFs;
 
 impl CheckpointFs {
     pub(super) fn writer_count(&self, id: Identity) -> usize {
-        self.writers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .copied()
-            .unwrap_or(0)
+        self.writers.lock().get(&id).copied().unwrap_or(0)
     }
 
     pub(super) fn add_writer(&self, id: Identity) {
-        *self
-            .writers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id)
-            .or_default() += 1;
+        *self.writers.lock().entry(id).or_default() += 1;
     }
 
     /// Called when a handle with write access to `id` closes.
     pub(in crate::fs) fn writer_closed(&self, id: Identity) {
         let last = {
-            let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writers.lock();
             match w.get_mut(&id) {
                 Some(n) if *n > 1 => {
                     *n -= 1;
