@@ -12,8 +12,9 @@
 //! version): it is still listed, with its stored size, and opening it fails
 //! with EIO.
 
+use super::inode::{Inode, InodeState};
 use super::resolve::not_found_is;
-use super::{CheckpointFs, FsError, Inode, Result};
+use super::{CheckpointFs, FsError, Result};
 use crate::archive::{self, ArchiveView};
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
@@ -58,16 +59,28 @@ impl CheckpointFs {
     /// The parsed archive for the backing version `meta` describes,
     /// parsing it if this version has not been seen yet.
     pub(super) fn archive_slot(&self, inode: &Inode, meta: &Metadata) -> Result<Slot> {
-        let mut st = inode.state();
-        if let Some(s) = &st.archive {
-            if s.version == version_of(meta) {
-                return Ok(s.clone());
-            }
+        let version = version_of(meta);
+        let seen = |st: &InodeState| {
+            st.archive
+                .as_ref()
+                .filter(|s| s.version == version)
+                .cloned()
+        };
+        if let Some(s) = seen(&inode.state()) {
+            return Ok(s);
         }
+        // The path walk takes the inode table and `loc`s, which must not be
+        // taken under `state` (see the lock order in `fs`).
         let path = self.full(inode)?;
+        let identity = inode.identity();
+        let mut st = inode.state();
+        // Parsed by another thread meanwhile: one parse per version.
+        if let Some(s) = seen(&st) {
+            return Ok(s);
+        }
         let file = File::open(&path).map_err(not_found_is)?;
         let fm = file.metadata()?;
-        if (fm.dev(), fm.ino()) != inode.identity() {
+        if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
         let slot = parse_version(&file, &fm, &path, false);

@@ -58,10 +58,12 @@ impl CheckpointFs {
     /// first sight of that version) and the backing file's metadata.
     fn blz_slot(&self, root: &Inode) -> Result<(Slot, Metadata)> {
         let path = self.full(root)?;
+        let identity = root.identity();
         let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
-        if (m.dev(), m.ino()) != root.identity() {
+        if (m.dev(), m.ino()) != identity {
             return Err(FsError::Stale);
         }
+        // Nothing else is locked under `state` (see the lock order in `fs`).
         let mut st = root.state();
         if let Some(s) = &st.blz {
             if s.version == version_of(&m) {
@@ -70,7 +72,7 @@ impl CheckpointFs {
         }
         let file = File::open(&path).map_err(not_found_is)?;
         let fm = file.metadata()?;
-        if (fm.dev(), fm.ino()) != root.identity() {
+        if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
         let slot = parse_version(&file, &fm, &path, true);

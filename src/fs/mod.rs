@@ -63,7 +63,7 @@ pub use xattr::{XATTR_CHECKSUMS, XATTR_ERROR, XATTR_FORMAT, XATTR_RATIO, XATTR_S
 use crate::archive::ArchiveError;
 use crate::cache::{BlockCache, CacheStats};
 use handles::Handle;
-use inode::{Identity, Inode, InodeTable};
+use inode::{Identity, InodeTable};
 use parking_lot::{Condvar, Mutex, RwLock};
 use prefetch::Policy;
 use spool::Spool;
