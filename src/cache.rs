@@ -3,7 +3,7 @@
 //!
 //! **Keys.** A [`CacheKey`] is (archive generation, block). The generation
 //! is a process-wide number handed out each time an archive *version* is
-//! opened (see `fs::ArchiveSlot`): a backing file replaced in STORE gets a
+//! opened (see `fs::Slot`): a backing file replaced in STORE gets a
 //! new generation when it is next opened, so a block decoded from the old
 //! version can never be served for the new one. Old generations are not
 //! purged eagerly; they simply stop being asked for and age out of the LRU.
@@ -28,8 +28,7 @@
 //! rayon internally, so a worker parked on a condition variable could starve
 //! the very decode it waits for.
 //!
-//! Lock order: `BlockCache::inner`, then a `Flight::state`; a flight's lock
-//! is never held while taking `inner`.
+//! Where these locks stand in the mount's lock order: see `crate::fs`.
 
 use crate::archive::BlockKey;
 use lru::LruCache;

@@ -23,9 +23,6 @@
 //! tracked per inode; when it drops to zero an inode that has been
 //! superseded is removed, and a current one just drops its parsed archive
 //! (the number stays, so `ls -i` is stable).
-//!
-//! Lock order: `InodeTable::tables`, then an `Inode::loc`, then an
-//! `Inode::state`.
 
 use super::Slot;
 use parking_lot::{Mutex, MutexGuard, RwLock};

@@ -32,8 +32,22 @@
 //! opening it fails with EIO and logs the file and reason. A block that
 //! fails to decode answers EIO for the reads that need it, only.
 //!
-//! Lock order: `handles`, then the inode table, then an inode's state,
-//! then the block cache. No lock is held while decoding.
+//! Lock order (the one place it is written down, for the whole mount):
+//! `ns` first (held across a namespace change or a commit), then the inode
+//! table (`InodeTable::tables`), then one inode's `loc` or `state`: never
+//! both at once, and nothing is taken under `state` (a path is walked
+//! before `state` is locked). Every other lock is a leaf, released before
+//! anything else is taken: the handle table, `writers`, `warned`, the
+//! write-back queue, the spool's state, a handle's `Sequential`, the block
+//! cache's `inner` and a flight's `state` (never held together: a flight is
+//! published after `inner` is released), and the adapter's passthrough
+//! table in `crate::fuse` (taken with no lock of this module held). Two
+//! waits: `Spool::bump` waits, possibly under `ns`, for a running
+//! compression, which takes no lock until it has ended; a cache miss waits
+//! for another reader's decode of the same block holding no other lock. No
+//! lock is held while a block is decoded for a read or a prefetch, nor
+//! while a staged file is compressed; copy-up decodes an archive under
+//! `ns`.
 
 mod archive_slot;
 mod attr;

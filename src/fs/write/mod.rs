@@ -15,11 +15,10 @@
 //! `link`), [`remove`] (`unlink`, `rmdir`), [`rename`], [`setattr`].
 //! Every change of the namespace holds `ns`; reads and lookups do not.
 //!
-//! Lock order: `ns` (namespace changes and commits), then the inode table,
-//! then the spool's state. A compression runs with no lock held; writers
-//! register in `writers` before waiting for a running compression of their
-//! file (`Spool::bump`), and a compression checks `writers` after marking
-//! itself running, so a file is never truncated under the compressor's map.
+//! A compression runs with no lock held; writers register in `writers`
+//! before waiting for a running compression of their file (`Spool::bump`),
+//! and a compression checks `writers` after marking itself running, so a
+//! file is never truncated under the compressor's map.
 
 mod commit;
 mod create;
