@@ -337,13 +337,11 @@ fn foreground(
     // daemon's own must not apply twice.
     // SAFETY: umask only changes this process's file creation mask.
     unsafe { libc::umask(0) };
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writeback = {
         let fs = fs.clone();
-        let stop = stop.clone();
         std::thread::Builder::new()
             .name("ckptfs-writeback".into())
-            .spawn(move || fs.writeback_loop(&stop))?
+            .spawn(move || fs.writeback_loop())?
     };
     let mut config = Config::default();
     config.mount_options = vec![
@@ -394,8 +392,7 @@ fn foreground(
     session
         .run()
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    fs.wake_writeback();
+    fs.stop_writeback();
     let _ = writeback.join();
     // Files closed just before the unmount: compress them now rather than
     // at the next mount (they are durable in the spool either way).

@@ -78,7 +78,7 @@ use crate::archive::ArchiveError;
 use crate::cache::{BlockCache, CacheStats};
 use handles::Handle;
 use inode::{Identity, InodeTable};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use prefetch::Policy;
 use spool::Spool;
 use std::collections::{HashMap, HashSet};
@@ -88,6 +88,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
+use write::WritebackQueue;
 
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -119,8 +120,7 @@ pub struct CheckpointFs {
     /// Open handles with write access, per backing identity.
     writers: Mutex<HashMap<Identity, usize>>,
     /// Staged files waiting to be compressed.
-    queue: Mutex<std::collections::VecDeque<u64>>,
-    queue_cv: Condvar,
+    writeback: WritebackQueue,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -160,8 +160,7 @@ impl CheckpointFs {
             spool,
             ns: Mutex::new(()),
             writers: Mutex::new(HashMap::new()),
-            queue: Mutex::new(Default::default()),
-            queue_cv: Default::default(),
+            writeback: WritebackQueue::new(),
         };
         for r in recovered {
             log::info!(

@@ -30,6 +30,8 @@ mod setattr;
 mod stage;
 mod writers;
 
+pub(super) use queue::WritebackQueue;
+
 use super::inode::{Inode, NodeKind};
 use super::namespace;
 use super::spool::{self, Spool};
