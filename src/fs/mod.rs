@@ -20,7 +20,7 @@
 //!   read path through the block cache; [`prefetch`]: the read-ahead
 //!   window;
 //! - [`spool`] and `write`: files written through the mount, staged and
-//!   compressed after their last close.
+//!   compressed after their last close; `sys`: the libc calls they need.
 //!
 //! Freshness: every `lookup` and `getattr` re-stats the backing path, and
 //! directory listings are read from STORE at `opendir`, so files that

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 impl CheckpointFs {
     /// Opens a file. `flags` are the open(2) flags; opening for writing
-    /// (or with `O_TRUNC`) goes to [`Self::open_write`].
+    /// (or with `O_TRUNC`) goes to the write path (`open_write`).
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
         let staged = matches!(self.inode(ino)?.kind(), NodeKind::Staged { .. });
         match self.open_once(ino, flags) {

@@ -13,7 +13,9 @@
 //! Each call has its file: [`open`] (open for writing, `write`, `fsync`,
 //! `fallocate`), [`create`] (`create`, `mknod`, `mkdir`, `symlink`,
 //! `link`), [`remove`] (`unlink`, `rmdir`), [`rename`], [`setattr`].
-//! Every change of the namespace holds `ns`; reads and lookups do not.
+//! `ns` serialises the changes that replace or remove what presents a name
+//! (`create`, `link`, `unlink`, `rmdir`, `rename`, staging, a commit);
+//! reads and lookups do not take it.
 //!
 //! A compression runs with no lock held; writers register in `writers`
 //! before waiting for a running compression of their file (`Spool::bump`),
