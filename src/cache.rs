@@ -3,7 +3,7 @@
 //!
 //! **Keys.** A [`CacheKey`] is (archive generation, block). The generation
 //! is a process-wide number handed out each time an archive *version* is
-//! opened (see `fs::ArchiveSlot`): a backing file replaced in STORE gets a
+//! opened (see `fs::Slot`): a backing file replaced in STORE gets a
 //! new generation when it is next opened, so a block decoded from the old
 //! version can never be served for the new one. Old generations are not
 //! purged eagerly; they simply stop being asked for and age out of the LRU.
@@ -28,13 +28,13 @@
 //! rayon internally, so a worker parked on a condition variable could starve
 //! the very decode it waits for.
 //!
-//! Lock order: `BlockCache::inner`, then a `Flight::state`; a flight's lock
-//! is never held while taking `inner`.
+//! Where these locks stand in the mount's lock order: see `crate::fs`.
 
 use crate::archive::BlockKey;
 use lru::LruCache;
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// A decoded block, shared between the cache and its readers.
 pub type Block = Arc<Vec<u8>>;
@@ -117,14 +117,14 @@ impl<E> FlightGuard<'_, E> {
 
     fn publish(&self, result: Result<Block, FetchError<E>>) {
         {
-            let mut inner = self.cache.lock();
+            let mut inner = self.cache.inner.lock();
             inner.flights.remove(&self.key);
             if let Ok(block) = &result {
                 self.cache
                     .insert_locked(&mut inner, self.key, block.clone());
             }
         }
-        *lock(&self.flight.state) = Some(result);
+        *self.flight.state.lock() = Some(result);
         self.flight.done.notify_all();
     }
 }
@@ -135,12 +135,6 @@ impl<E> Drop for FlightGuard<'_, E> {
             self.publish(Err(FetchError::Panicked));
         }
     }
-}
-
-/// Poisoning only means another thread panicked while holding the lock;
-/// the cache's invariants hold between statements, so carry on.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<E> BlockCache<E> {
@@ -161,12 +155,8 @@ impl<E> BlockCache<E> {
         self.budget
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner<E>> {
-        lock(&self.inner)
-    }
-
     pub fn stats(&self) -> CacheStats {
-        let i = self.lock();
+        let i = self.inner.lock();
         CacheStats {
             bytes: i.bytes,
             blocks: i.lru.len(),
@@ -177,13 +167,13 @@ impl<E> BlockCache<E> {
 
     /// True when the block is cached or being loaded (prefetch skips it).
     pub fn contains_or_loading(&self, key: &CacheKey) -> bool {
-        let i = self.lock();
+        let i = self.inner.lock();
         i.lru.contains(key) || i.flights.contains_key(key)
     }
 
     /// The cached block without touching recency.
     pub fn peek(&self, key: &CacheKey) -> Option<Block> {
-        self.lock().lru.peek(key).cloned()
+        self.inner.lock().lru.peek(key).cloned()
     }
 
     fn insert_locked(&self, inner: &mut Inner<E>, key: CacheKey, block: Block) {
@@ -212,7 +202,7 @@ impl<E> BlockCache<E> {
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
         let flight = {
-            let mut inner = self.lock();
+            let mut inner = self.inner.lock();
             if inner.lru.contains(&key) || inner.flights.contains_key(&key) {
                 return None;
             }
@@ -244,7 +234,7 @@ impl<E> BlockCache<E> {
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
         let flight = {
-            let mut inner = self.lock();
+            let mut inner = self.inner.lock();
             if let Some(b) = inner.lru.get(&key) {
                 let b = b.clone();
                 inner.hits += 1;
@@ -280,9 +270,9 @@ impl<E> BlockCache<E> {
             }
             // Someone else is loading it: wait for their result.
             Err(flight) => {
-                let mut state = lock(&flight.state);
+                let mut state = flight.state.lock();
                 while state.is_none() {
-                    state = flight.done.wait(state).unwrap_or_else(|p| p.into_inner());
+                    flight.done.wait(&mut state);
                 }
                 state.as_ref().expect("flight finished").clone()
             }

@@ -30,11 +30,12 @@ use fuser::{
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::SystemTime;
 
 #[derive(Default)]
@@ -56,10 +57,6 @@ impl CheckpointFuse {
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(BackingIds::default()),
         }
-    }
-
-    fn backing(&self) -> std::sync::MutexGuard<'_, BackingIds> {
-        self.backing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The handle, open flags and passthrough backing id (if any) for an
@@ -85,7 +82,7 @@ impl CheckpointFuse {
                 passthrough,
             } => {
                 if passthrough && self.passthrough.load(Ordering::Relaxed) {
-                    let mut b = self.backing();
+                    let mut b = self.backing.lock();
                     let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
                         Some(id) => Ok(id),
                         None => open_backing(&file).map(Arc::new),
@@ -526,7 +523,7 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyEmpty,
     ) {
         self.fs.release(fh.0);
-        let mut b = self.backing();
+        let mut b = self.backing.lock();
         if b.by_fh.remove(&fh.0).is_some()
             && b.by_ino.get(&ino.0).is_some_and(|w| w.strong_count() == 0)
         {

@@ -321,13 +321,11 @@ fn foreground(
     // daemon's own must not apply twice.
     // SAFETY: umask only changes this process's file creation mask.
     unsafe { libc::umask(0) };
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writeback = {
         let fs = fs.clone();
-        let stop = stop.clone();
         std::thread::Builder::new()
             .name("ckptfs-writeback".into())
-            .spawn(move || fs.writeback_loop(&stop))?
+            .spawn(move || fs.writeback_loop())?
     };
     let mut config = Config::default();
     config.mount_options = vec![
@@ -384,8 +382,7 @@ fn foreground(
     session
         .run()
         .with_context(|| mountpoint.display().to_string())?;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    fs.wake_writeback();
+    fs.stop_writeback();
     let _ = writeback.join();
     // Files closed just before the unmount: compress them now rather than
     // at the next mount (they are durable in the spool either way).

@@ -1,4 +1,9 @@
 //! The filesystem's one error type and its errno mapping.
+//!
+//! Every errno the mount chooses has its own variant, so the exhaustive
+//! match in [`FsError::errno`] lists each choice with its reason; `Io`
+//! carries only errors passed through from the backing filesystem, with
+//! their own errno.
 
 use crate::archive::ArchiveError;
 use std::io;
@@ -30,6 +35,27 @@ pub enum FsError {
     Decode(Arc<ArchiveError>),
     #[error("decoder panicked")]
     DecodePanicked,
+    #[error("name longer than 255 bytes")]
+    NameTooLong,
+    #[error("name reserved for the store's archives and spool")]
+    ReservedName,
+    #[error("hard links join plain files only, never under an X.safetensors name")]
+    NotLinkable,
+    #[error("file exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("cannot be renamed in place; copy it instead")]
+    CopyInstead,
+    #[error("invalid access mode (O_WRONLY and O_RDWR)")]
+    BadAccessMode,
+    #[error("unsupported rename flags {0:#x}")]
+    UnsupportedRenameFlags(u32),
+    #[error("not a symbolic link")]
+    NotASymlink,
+    #[error("path contains a NUL byte")]
+    NulInPath,
+    /// An error of the backing filesystem, answered with its own errno.
     #[error("{0}")]
     Io(#[from] io::Error),
 }
@@ -50,6 +76,31 @@ impl FsError {
             FsError::BadArchive { .. } => libc::EIO,
             FsError::Decode(_) => libc::EIO,
             FsError::DecodePanicked => libc::EIO,
+            // Checked before the backing call, which would answer the same.
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            // STORE uses these names for archives and the spool: creating
+            // one would show up under another name (doc/SEMANTICS.md).
+            FsError::ReservedName => libc::EPERM,
+            // link(2)'s errno for directories; deliberate for archives and
+            // staged files, which have no single backing file to link.
+            FsError::NotLinkable => libc::EPERM,
+            FsError::Exists => libc::EEXIST,
+            // A `.blz` always has content; a directory may hold staged files
+            // that STORE does not show.
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            // An archive can only be presented as `X.safetensors`, a `.blz`
+            // not over another entry; mv(1) and shutil.move copy on EXDEV.
+            FsError::CopyInstead => libc::EXDEV,
+            // open(2)'s errno for an access mode of both O_WRONLY and O_RDWR.
+            FsError::BadAccessMode => libc::EINVAL,
+            // rename(2)'s errno for RENAME_EXCHANGE / RENAME_WHITEOUT on a
+            // filesystem without them.
+            FsError::UnsupportedRenameFlags(_) => libc::EINVAL,
+            // readlink(2)'s errno for an entry that is not a symlink.
+            FsError::NotASymlink => libc::EINVAL,
+            // The path cannot be passed to the C library (never from the
+            // kernel, whose names have no NUL).
+            FsError::NulInPath => libc::EINVAL,
             // Pass the backing filesystem's own errno through.
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
@@ -82,5 +133,29 @@ mod tests {
         };
         assert_eq!(bad.errno(), libc::EIO);
         assert_eq!(bad.to_string(), "/s/a.zstn: cannot open archive: bad magic");
+    }
+
+    /// The errno of each deliberate choice (these used to travel as
+    /// `Io(from_raw_os_error(..))`; the values must not change).
+    #[test]
+    fn deliberate_errnos() {
+        let cases = [
+            (FsError::NameTooLong, libc::ENAMETOOLONG),
+            (FsError::ReservedName, libc::EPERM),
+            (FsError::NotLinkable, libc::EPERM),
+            (FsError::Exists, libc::EEXIST),
+            (FsError::NotEmpty, libc::ENOTEMPTY),
+            (FsError::CopyInstead, libc::EXDEV),
+            (FsError::BadAccessMode, libc::EINVAL),
+            (
+                FsError::UnsupportedRenameFlags(libc::RENAME_EXCHANGE),
+                libc::EINVAL,
+            ),
+            (FsError::NotASymlink, libc::EINVAL),
+            (FsError::NulInPath, libc::EINVAL),
+        ];
+        for (e, errno) in cases {
+            assert_eq!(e.errno(), errno, "{e}");
+        }
     }
 }

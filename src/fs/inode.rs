@@ -23,14 +23,12 @@
 //! tracked per inode; when it drops to zero an inode that has been
 //! superseded is removed, and a current one just drops its parsed archive
 //! (the number stays, so `ls -i` is stable).
-//!
-//! Lock order: `InodeTable::tables`, then an `Inode::loc`, then an
-//! `Inode::state`.
 
 use super::Slot;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -116,28 +114,28 @@ pub struct InodeState {
 
 impl Inode {
     pub fn state(&self) -> MutexGuard<'_, InodeState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     pub fn loc(&self) -> Loc {
-        self.loc.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.loc.read().clone()
     }
 
     pub fn kind(&self) -> NodeKind {
-        self.loc.read().unwrap_or_else(|p| p.into_inner()).kind
+        self.loc.read().kind
     }
 
     pub fn identity(&self) -> Identity {
-        self.loc.read().unwrap_or_else(|p| p.into_inner()).identity
+        self.loc.read().identity
     }
 
     pub fn parent(&self) -> u64 {
-        self.loc.read().unwrap_or_else(|p| p.into_inner()).parent
+        self.loc.read().parent
     }
 
     /// Changes the backing of this inode in place (same presented file).
     pub fn rebase(&self, backing: OsString, kind: NodeKind, identity: Identity) {
-        let mut l = self.loc.write().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.loc.write();
         l.backing = backing;
         l.kind = kind;
         l.identity = identity;
@@ -182,21 +180,13 @@ impl InodeTable {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
-        self.tables.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Tables> {
-        self.tables.write().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
-        self.read().by_ino.get(&ino).cloned()
+        self.tables.read().by_ino.get(&ino).cloned()
     }
 
     /// The current inode of `name` in `parent`, if one was assigned.
     pub fn find(&self, parent: u64, name: &OsStr) -> Option<Arc<Inode>> {
-        let t = self.read();
+        let t = self.tables.read();
         t.by_name
             .get(&(parent, name.to_os_string()))
             .and_then(|i| t.by_ino.get(i))
@@ -215,18 +205,18 @@ impl InodeTable {
     ) -> Arc<Inode> {
         let key = (parent, name.to_os_string());
         let same = |i: &Inode| {
-            let l = i.loc.read().unwrap_or_else(|p| p.into_inner());
+            let l = i.loc.read();
             l.identity == identity && l.kind == kind && l.backing == backing && l.parent == parent
         };
         {
-            let t = self.read();
+            let t = self.tables.read();
             if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
                 if same(i) {
                     return i.clone();
                 }
             }
         }
-        let mut t = self.write();
+        let mut t = self.tables.write();
         if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
             if same(i) {
                 return i.clone();
@@ -257,7 +247,7 @@ impl InodeTable {
     /// `name` in `parent` no longer exists (unlinked): its inode, if any,
     /// lives on while the kernel references it.
     pub fn remove_name(&self, parent: u64, name: &OsStr) {
-        let mut t = self.write();
+        let mut t = self.tables.write();
         if let Some(old) = t.by_name.remove(&(parent, name.to_os_string())) {
             t.drop_if_unreferenced(old);
         }
@@ -275,7 +265,7 @@ impl InodeTable {
         kind: NodeKind,
         identity: Identity,
     ) {
-        let mut t = self.write();
+        let mut t = self.tables.write();
         let Some(inode) = t.by_ino.get(&ino).cloned() else {
             return;
         };
@@ -289,7 +279,7 @@ impl InodeTable {
                 t.drop_if_unreferenced(prev);
             }
         }
-        let mut l = inode.loc.write().unwrap_or_else(|p| p.into_inner());
+        let mut l = inode.loc.write();
         l.parent = parent;
         l.name = name.to_os_string();
         l.backing = backing;
@@ -302,7 +292,7 @@ impl InodeTable {
         if ino == ROOT_INO {
             return;
         }
-        let mut t = self.write();
+        let mut t = self.tables.write();
         let Some(inode) = t.by_ino.get(&ino).cloned() else {
             return;
         };
@@ -322,7 +312,7 @@ impl InodeTable {
     }
 
     pub fn len(&self) -> usize {
-        self.read().by_ino.len()
+        self.tables.read().by_ino.len()
     }
 
     pub fn is_empty(&self) -> bool {

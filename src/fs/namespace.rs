@@ -12,7 +12,7 @@
 //!   that is not a regular file) is presented under its own name.
 //!
 //! Pure functions over names and file types; no I/O. `lookup` and
-//! `readdir` both go through [`resolve_dir`]/[`lookup_candidates`] so the two
+//! `readdir` both go through [`resolve_dir`]/[`archive_candidates`] so the two
 //! never disagree.
 
 use std::collections::HashMap;

@@ -28,13 +28,13 @@
 //! compress and commit is decided by `CheckpointFs`.
 
 use super::inode::Identity;
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Name of the spool directory in STORE's root.
 pub const SPOOL_DIR: &str = ".ckptfs-spool";
@@ -144,7 +144,7 @@ impl Spool {
             let data = spool.dir.join(data_name(id));
             match std::fs::symlink_metadata(&data) {
                 Ok(m) if valid_target(&target) => {
-                    let mut st = spool.lock();
+                    let mut st = spool.state.lock();
                     if let Some(old) = st.by_target.get(&target).copied() {
                         // Two staged versions of one path cannot happen
                         // through the mount; keep the newer (larger id),
@@ -199,7 +199,7 @@ impl Spool {
             }
         }
         for id in data_ids {
-            if !spool.lock().entries.contains_key(&id) {
+            if !spool.state.lock().entries.contains_key(&id) {
                 // Cannot happen (the record is written first); never drop
                 // data anyway.
                 let keep = PathBuf::from(format!("ckptfs-recovered-{id:016x}"));
@@ -215,10 +215,6 @@ impl Spool {
             }
         }
         Ok((spool, found))
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn dir(&self) -> &Path {
@@ -258,7 +254,7 @@ impl Spool {
 
     /// Adds `id` to the index as staged for `target`.
     fn index(&self, id: u64, target: &Path, identity: Identity, version: u64) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.by_target.insert(target.to_path_buf(), id);
         st.entries.insert(
             id,
@@ -273,7 +269,7 @@ impl Spool {
     }
 
     fn next_id(&self) -> u64 {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         let id = st.next;
         st.next += 1;
         id
@@ -324,18 +320,18 @@ impl Spool {
 
     /// The staged file presenting `target`, if any.
     pub fn find(&self, target: &Path) -> Option<(u64, Entry)> {
-        let st = self.lock();
+        let st = self.state.lock();
         let id = *st.by_target.get(target)?;
         Some((id, st.entries.get(&id)?.clone()))
     }
 
     pub fn entry(&self, id: u64) -> Option<Entry> {
-        self.lock().entries.get(&id).cloned()
+        self.state.lock().entries.get(&id).cloned()
     }
 
     /// The entry whose `.data` has `identity`.
     pub fn find_identity(&self, identity: Identity) -> Option<u64> {
-        let st = self.lock();
+        let st = self.state.lock();
         st.entries
             .iter()
             .find(|(_, e)| e.identity == identity)
@@ -343,14 +339,14 @@ impl Spool {
     }
 
     pub fn set_ino(&self, id: u64, ino: u64) {
-        if let Some(e) = self.lock().entries.get_mut(&id) {
+        if let Some(e) = self.state.lock().entries.get_mut(&id) {
             e.ino = Some(ino);
         }
     }
 
     /// Staged entries whose target is inside directory `dir`.
     pub fn ids_under(&self, dir: &Path) -> Vec<u64> {
-        let st = self.lock();
+        let st = self.state.lock();
         st.entries
             .iter()
             .filter(|(_, e)| e.target.parent() == Some(dir) || e.target.starts_with(dir))
@@ -360,7 +356,7 @@ impl Spool {
 
     /// Names (presented) of staged files directly in `dir`.
     pub fn names_in(&self, dir: &Path) -> Vec<(u64, std::ffi::OsString)> {
-        let st = self.lock();
+        let st = self.state.lock();
         st.entries
             .iter()
             .filter(|(_, e)| e.target.parent() == Some(dir))
@@ -372,11 +368,11 @@ impl Spool {
     /// for (it maps the file; a truncation under it would fault) and its
     /// result will be discarded.
     pub fn bump(&self, id: u64) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         loop {
             match st.entries.get_mut(&id) {
                 Some(e) if e.compressing => {
-                    st = self.idle.wait(st).unwrap_or_else(|p| p.into_inner());
+                    self.idle.wait(&mut st);
                 }
                 Some(e) => {
                     e.version += 1;
@@ -390,7 +386,7 @@ impl Spool {
     /// Marks `id` as being compressed; returns its entry, or None if it
     /// is gone or already being compressed.
     pub fn begin_compress(&self, id: u64) -> Option<Entry> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         let e = st.entries.get_mut(&id)?;
         if e.compressing {
             return None;
@@ -400,7 +396,7 @@ impl Spool {
     }
 
     pub fn end_compress(&self, id: u64) {
-        if let Some(e) = self.lock().entries.get_mut(&id) {
+        if let Some(e) = self.state.lock().entries.get_mut(&id) {
             e.compressing = false;
         }
         self.idle.notify_all();
@@ -409,7 +405,7 @@ impl Spool {
     /// The file now presents `target`: the record is replaced atomically.
     pub fn retarget(&self, id: u64, target: &Path) -> io::Result<()> {
         self.write_record(id, target, true)?;
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if let Some(e) = st.entries.get_mut(&id) {
             let old = std::mem::replace(&mut e.target, target.to_path_buf());
             if st.by_target.get(&old) == Some(&id) {
@@ -424,7 +420,7 @@ impl Spool {
     /// `to`.
     pub fn move_dir(&self, from: &Path, to: &Path) -> io::Result<()> {
         let moves: Vec<(u64, PathBuf)> = {
-            let st = self.lock();
+            let st = self.state.lock();
             st.entries
                 .iter()
                 .filter_map(|(id, e)| {
@@ -443,7 +439,7 @@ impl Spool {
     /// plain file) or already removed. Removes the record.
     pub fn forget(&self, id: u64) -> io::Result<()> {
         {
-            let mut st = self.lock();
+            let mut st = self.state.lock();
             if let Some(e) = st.entries.remove(&id) {
                 if st.by_target.get(&e.target) == Some(&id) {
                     st.by_target.remove(&e.target);
@@ -475,7 +471,7 @@ impl Spool {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().entries.len()
+        self.state.lock().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,8 +1,10 @@
 //! `CheckpointFs` driven directly, without a mount, over a store built from
 //! the shared test vectors.
 
+use super::attr::to_time;
 use super::*;
 use crate::test_support::{vector_stems, vectors_dir as vectors};
+use std::ffi::{OsStr, OsString};
 
 fn store() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();

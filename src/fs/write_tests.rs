@@ -4,6 +4,7 @@
 
 use super::spool::SPOOL_DIR;
 use super::*;
+use std::ffi::{OsStr, OsString};
 
 const ME: Caller = Caller { uid: 0, gid: 0 };
 
@@ -424,4 +425,33 @@ fn a_writer_that_opens_again_delays_compression_until_its_close() {
     fs.release(w);
     fs.run_writeback();
     assert_eq!(names(d.path()), vec![SPOOL_DIR, "m.zstn"]);
+}
+
+/// The write-back thread compresses what is queued without being polled,
+/// returns on `stop_writeback` with nothing queued, and leaves what is
+/// queued after that to `run_writeback` (as the unmount does).
+#[test]
+fn writeback_thread_wakes_for_work_and_for_stop() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = std::sync::Arc::new(fs_over(d.path()));
+    let thread = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.writeback_loop())
+    };
+    let bytes = st_bytes(14, 1000);
+    write_new(&fs, ROOT_INO, "m.safetensors", &bytes);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !d.path().join("m.zstn").exists() {
+        assert!(std::time::Instant::now() < deadline, "not compressed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fs.stop_writeback();
+    thread.join().unwrap();
+    write_new(&fs, ROOT_INO, "n.safetensors", &bytes);
+    // Stopped: returns at once and compresses nothing.
+    fs.writeback_loop();
+    assert_eq!(names(d.path()), vec![SPOOL_DIR, "m.zstn"]);
+    fs.run_writeback();
+    assert_eq!(names(d.path()), vec![SPOOL_DIR, "m.zstn", "n.zstn"]);
+    assert_eq!(unpack(&d.path().join("n.zstn")), bytes);
 }

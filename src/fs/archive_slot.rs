@@ -1,0 +1,122 @@
+//! The parsed archive of each backing version ([`Slot`]).
+//!
+//! An archive inode keeps the `Slot` of the backing version it last saw
+//! (`InodeState::archive`, or `InodeState::blz` for a `.blz`). A version is
+//! the backing file's size and change times; when they differ from the
+//! slot's, the file changed in place and is parsed again. Each parse gets a
+//! process-wide generation, the first half of every block-cache key, so a
+//! block decoded from one version is never served for another. Attributes
+//! come from the parsed index alone; nothing is decoded here.
+//!
+//! An archive that cannot be parsed is kept as its reason (logged once per
+//! version): it is still listed, with its stored size, and opening it fails
+//! with EIO.
+
+use super::inode::{Inode, InodeState};
+use super::resolve::not_found_is;
+use super::{CheckpointFs, FsError, Result};
+use crate::archive::{self, ArchiveView};
+use std::fs::{File, Metadata};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A backing file version: size and change times (with the inode's
+/// identity, this tells whether the file was modified in place).
+type Version = (u64, i64, i64, i64, i64);
+
+pub(super) fn version_of(m: &Metadata) -> Version {
+    (
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// The parsed archive of one backing version, or why it cannot be parsed.
+#[derive(Clone)]
+pub struct Slot {
+    pub(super) version: Version,
+    /// Unique per process: the cache key of this version's blocks.
+    pub(super) generation: u64,
+    pub(super) archive: std::result::Result<Arc<dyn ArchiveView>, Arc<String>>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl CheckpointFs {
+    /// The parsed archive for the backing version `meta` describes,
+    /// parsing it if this version has not been seen yet.
+    pub(super) fn archive_slot(&self, inode: &Inode, meta: &Metadata) -> Result<Slot> {
+        let version = version_of(meta);
+        let seen = |st: &InodeState| {
+            st.archive
+                .as_ref()
+                .filter(|s| s.version == version)
+                .cloned()
+        };
+        if let Some(s) = seen(&inode.state()) {
+            return Ok(s);
+        }
+        // The path walk takes the inode table and `loc`s, which must not be
+        // taken under `state` (see the lock order in `fs`).
+        let path = self.full(inode)?;
+        let identity = inode.identity();
+        let mut st = inode.state();
+        // Parsed by another thread meanwhile: one parse per version.
+        if let Some(s) = seen(&st) {
+            return Ok(s);
+        }
+        let file = File::open(&path).map_err(not_found_is)?;
+        let fm = file.metadata()?;
+        if (fm.dev(), fm.ino()) != identity {
+            return Err(FsError::Stale);
+        }
+        let slot = parse_version(&file, &fm, &path, false);
+        st.archive = Some(slot.clone());
+        Ok(slot)
+    }
+}
+
+/// Parses one backing version of an archive (whatever its kind, by its
+/// magic). `directory`: presented as a directory of files (`X.blz`), else
+/// as one file; an archive of the other shape is refused. An archive that
+/// cannot be parsed is logged once per version and kept as the reason.
+pub(super) fn parse_version(file: &File, meta: &Metadata, path: &Path, directory: bool) -> Slot {
+    let shown = if directory {
+        "listed as a directory"
+    } else {
+        "listed with its stored size"
+    };
+    let archive = archive::from_file(file, path).and_then(|a| {
+        let single = a.files() == 1 && a.file_path(0).is_empty();
+        match (directory, single) {
+            (true, true) => {
+                Err(a.integrity("a single-file archive named as a model directory".into()))
+            }
+            (false, false) => {
+                Err(a.integrity("a model-directory archive named as a single file".into()))
+            }
+            _ => Ok(a),
+        }
+    });
+    Slot {
+        version: version_of(meta),
+        generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        archive: archive.map_err(|e| {
+            log::warn!("{e} ({shown}; opening it fails with EIO)");
+            Arc::new(e.reason())
+        }),
+    }
+}

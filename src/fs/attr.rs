@@ -1,0 +1,153 @@
+//! What `stat(2)`, `readlink(2)` and `statfs(2)` answer.
+//!
+//! Archives report the logical size from the index (parsed once per backing
+//! version, nothing decoded) and the backing file's `st_blocks` (so `du`
+//! shows disk use), owner, mode and times; a `.blz` is a directory. Every
+//! `getattr` re-stats the backing path. When the path was replaced or
+//! removed, the inode is the old file and answers what it last was (as a
+//! local filesystem does for an unlinked but referenced inode); an open
+//! handle answers from its own file.
+
+use super::handles::Handle;
+use super::inode::{Inode, NodeKind};
+use super::resolve::not_found_is;
+use super::sys::cpath;
+use super::{Attr, CheckpointFs, FileKind, FsError, Result, StatFs};
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub(super) fn to_time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    }
+}
+
+pub(super) fn attr_from_meta(ino: u64, m: &Metadata, size: u64) -> Attr {
+    Attr {
+        ino,
+        size,
+        blocks: m.blocks(),
+        atime: to_time(m.atime(), m.atime_nsec()),
+        mtime: to_time(m.mtime(), m.mtime_nsec()),
+        ctime: to_time(m.ctime(), m.ctime_nsec()),
+        kind: FileKind::from_mode(m.mode()),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev() as u32,
+        blksize: m.blksize() as u32,
+    }
+}
+
+impl CheckpointFs {
+    pub(super) fn attr_of(&self, inode: &Inode, meta: &Metadata) -> Result<Attr> {
+        let kind = inode.kind();
+        let size = match kind {
+            NodeKind::Archive => match &self.archive_slot(inode, meta)?.archive {
+                Ok(a) => a.logical_len(0),
+                Err(_) => meta.len(),
+            },
+            NodeKind::Directory | NodeKind::Plain | NodeKind::Blz | NodeKind::Staged { .. } => {
+                meta.len()
+            }
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
+                return Err(FsError::Stale);
+            }
+        };
+        let mut attr = attr_from_meta(inode.ino, meta, size);
+        if kind == NodeKind::Blz {
+            // Listed even when it cannot be parsed; nothing is parsed here.
+            attr.kind = FileKind::Directory;
+            let r = attr.perm & 0o444;
+            attr.perm = r | (r >> 2);
+            attr.nlink = 2;
+        }
+        inode.state().attr = Some(attr);
+        Ok(attr)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.getattr_fh(ino, None)
+    }
+
+    /// `getattr`, through the open handle `fh` when one is given (so an
+    /// unlinked but open file still reports its size).
+    pub fn getattr_fh(&self, ino: u64, fh: Option<u64>) -> Result<Attr> {
+        let inode = self.inode(ino)?;
+        if let Some(Ok(h)) = fh.map(|f| self.handle(f)) {
+            if let Handle::Plain(p) = &*h {
+                if p.ino == ino {
+                    let m = p.file.metadata()?;
+                    let attr = attr_from_meta(ino, &m, m.len());
+                    inode.state().attr = Some(attr);
+                    return Ok(attr);
+                }
+            }
+        }
+        if inode.kind().in_blz() {
+            return match self.blz_attr(&inode) {
+                // The `.blz` was replaced or removed, or no longer has
+                // this entry: answer what it last was.
+                Err(FsError::Stale | FsError::NotFound) => inode.state().attr.ok_or(FsError::Stale),
+                r => r,
+            };
+        }
+        match std::fs::symlink_metadata(self.full(&inode)?) {
+            Ok(m) if (m.dev(), m.ino()) == inode.identity() => self.attr_of(&inode, &m),
+            // The path was replaced or removed: this inode is the old file;
+            // answer what it last was (as a local fs does for an unlinked
+            // but referenced inode).
+            Ok(_) => inode.state().attr.ok_or(FsError::Stale),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Unlinked but still referenced (open): no names left.
+                let mut a = inode.state().attr.ok_or(FsError::NotFound)?;
+                a.nlink = 0;
+                Ok(a)
+            }
+            Err(e) => Err(FsError::Io(e)),
+        }
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        if matches!(
+            inode.kind(),
+            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
+        ) {
+            return Err(FsError::NotASymlink);
+        }
+        Ok(std::fs::read_link(self.full(&inode)?)
+            .map_err(not_found_is)?
+            .into_os_string()
+            .into_encoded_bytes())
+    }
+
+    /// Statistics of the filesystem holding STORE.
+    pub fn statfs(&self) -> Result<StatFs> {
+        // Never fails: `new` canonicalized STORE, which a path with a NUL
+        // byte cannot be.
+        let c = cpath(&self.store)?;
+        // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid NUL-terminated path and `s` a writable
+        // statvfs that outlives the call.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+            return Err(FsError::Io(io::Error::last_os_error()));
+        }
+        Ok(StatFs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+        })
+    }
+}

@@ -1,0 +1,145 @@
+//! The open-handle table: what each `fh` given to the kernel stands for.
+//!
+//! - An archive handle holds the `Arc` of the archive version it opened
+//!   (its mmap keeps that version alive after a rename-replace in STORE),
+//!   the generation that keys its blocks in the cache, and its own
+//!   sequential-read state for prefetch.
+//! - A plain handle holds the backing `File` (a file in STORE or a staged
+//!   file in the spool), whether the kernel serves it through its page
+//!   cache (not passed through), and, when it was opened for writing, the
+//!   backing identity it is counted under in `CheckpointFs::writers`.
+//! - A directory handle holds the listing read at `opendir`.
+//!
+//! Handle numbers are never reused within a mount. The table answers two
+//! questions for the write path: whether a backing file is open at all (a
+//! staged file is compressed only when nothing has it open), and whether an
+//! inode has handles served through the page cache (the kernel refuses to
+//! mix those with passthrough opens of the same inode).
+
+use super::inode::Identity;
+use super::prefetch::Sequential;
+use super::{CheckpointFs, FileKind, FsError, Opened, Result};
+use crate::archive::ArchiveView;
+use parking_lot::Mutex;
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// What an archive handle serves: one file of an opened archive.
+#[derive(Clone)]
+pub(super) struct Served {
+    pub(super) archive: Arc<dyn ArchiveView>,
+    pub(super) file: usize,
+}
+
+pub(super) struct ArchiveHandle {
+    pub(super) ino: u64,
+    pub(super) archive: Served,
+    pub(super) generation: u64,
+    pub(super) seq: Mutex<Sequential>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct DirItem {
+    pub(super) ino: u64,
+    pub(super) kind: FileKind,
+    pub(super) name: OsString,
+}
+
+/// An open plain or staged file.
+pub(super) struct PlainHandle {
+    pub(super) file: Arc<File>,
+    pub(super) ino: u64,
+    /// The backing file's identity.
+    pub(super) identity: Identity,
+    /// Served here (not passed through to the kernel).
+    pub(super) cached: bool,
+    /// Opened for writing: counted in `CheckpointFs::writers` under this
+    /// identity until released.
+    pub(super) writer: Option<Identity>,
+}
+
+pub(super) enum Handle {
+    Archive(ArchiveHandle),
+    Plain(PlainHandle),
+    Dir(Vec<DirItem>),
+}
+
+impl CheckpointFs {
+    pub(super) fn insert_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.write().insert(fh, Arc::new(h));
+        fh
+    }
+
+    pub(super) fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.handles
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle(fh))
+    }
+
+    /// Registers an open plain (or staged) file. A `writer` must already
+    /// be counted in `writers`; `release` uncounts it.
+    pub(super) fn plain_handle(
+        &self,
+        ino: u64,
+        file: File,
+        writer: Option<Identity>,
+        passthrough: bool,
+    ) -> Opened {
+        let identity = file
+            .metadata()
+            .map(|m| (m.dev(), m.ino()))
+            .unwrap_or((0, 0));
+        let file = Arc::new(file);
+        let fh = self.insert_handle(Handle::Plain(PlainHandle {
+            file: file.clone(),
+            ino,
+            identity,
+            cached: !passthrough,
+            writer,
+        }));
+        Opened::Plain {
+            fh,
+            file,
+            passthrough,
+        }
+    }
+
+    /// Whether `ino` has handles the kernel serves through its page cache
+    /// (archives, plain handles not passed through). The kernel refuses a
+    /// passthrough open of an inode with such handles, and vice versa.
+    pub(super) fn has_cached_opens(&self, ino: u64) -> bool {
+        self.handles.read().values().any(|h| match &**h {
+            Handle::Archive(a) => a.ino == ino,
+            Handle::Plain(p) => p.ino == ino && p.cached,
+            Handle::Dir(_) => false,
+        })
+    }
+
+    /// Whether any handle has the backing file `id` open.
+    pub(super) fn is_open(&self, id: Identity) -> bool {
+        self.handles
+            .read()
+            .values()
+            .any(|h| matches!(&**h, Handle::Plain(p) if p.identity == id))
+    }
+
+    /// Closes a handle. The last writer of a staged file queues it for
+    /// compression (the close does not wait for it).
+    pub fn release(&self, fh: u64) {
+        let h = self.handles.write().remove(&fh);
+        if let Some(h) = h {
+            if let Handle::Plain(p) = &*h {
+                match p.writer {
+                    Some(id) => self.writer_closed(id),
+                    None => self.handle_closed(p.identity),
+                }
+            }
+        }
+    }
+}

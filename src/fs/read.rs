@@ -1,0 +1,213 @@
+//! Opening for reading and the read path.
+//!
+//! An archive (a `.zstn`, or a file inside a `.blz`) is opened as an archive
+//! handle over the version current at `open`; `keep_cache` tells the kernel
+//! to keep its page cache when the previous open served the same version.
+//! Its reads go through the shared [`BlockCache`](crate::cache::BlockCache),
+//! keyed by (generation, block), so concurrent readers decode each block
+//! once; a block that fails to decode answers EIO for the reads that need
+//! it, only. Each handle detects sequential reads ([`super::prefetch`]
+//! decides the window) and the blocks ahead are decoded in parallel on the
+//! rayon pool. No lock is held while decoding.
+//!
+//! A plain or staged file is opened as a plain handle: the adapter may pass
+//! it through to the kernel, else its reads are `pread`s here. Opening for
+//! writing (or with `O_TRUNC`) goes to the write path.
+
+use super::handles::{ArchiveHandle, Handle, PlainHandle, Served};
+use super::inode::NodeKind;
+use super::prefetch::Sequential;
+use super::resolve::not_found_is;
+use super::{CheckpointFs, FsError, Opened, Result};
+use crate::archive::{self, BlockKey, PieceSource};
+use crate::cache::{CacheKey, FetchError};
+use parking_lot::Mutex;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Arc;
+
+impl CheckpointFs {
+    /// Opens a file. `flags` are the open(2) flags; opening for writing
+    /// (or with `O_TRUNC`) goes to the write path (`open_write`).
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
+        let staged = matches!(self.inode(ino)?.kind(), NodeKind::Staged { .. });
+        match self.open_once(ino, flags) {
+            // Committed (compressed or put back) between resolving the
+            // inode and opening its spool file: wait for the commit to
+            // finish (it holds `ns`) and open what it left.
+            Err(FsError::NotFound | FsError::Stale) if staged => {
+                drop(self.ns.lock());
+                self.open_once(ino, flags)
+            }
+            r => r,
+        }
+    }
+
+    fn open_once(&self, ino: u64, flags: i32) -> Result<Opened> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return self.open_write(ino, flags);
+        }
+        let inode = self.inode(ino)?;
+        let path = self.full(&inode)?;
+        match inode.kind() {
+            NodeKind::Directory | NodeKind::Blz | NodeKind::BlzDir { .. } => {
+                Err(FsError::IsADirectory)
+            }
+            NodeKind::BlzFile { .. } => {
+                let (root, inner) = self.blz_root(&inode)?;
+                let (archive, generation, _) = self.blz_archive(&root)?;
+                let index = archive.find(&inner).ok_or(FsError::Stale)?;
+                let keep_cache = {
+                    let mut st = inode.state();
+                    let keep = st.last_open_generation == Some(generation);
+                    st.last_open_generation = Some(generation);
+                    keep
+                };
+                let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    ino,
+                    archive: Served {
+                        archive,
+                        file: index,
+                    },
+                    generation,
+                    seq: Mutex::new(Sequential::default()),
+                }));
+                Ok(Opened::Archive { fh, keep_cache })
+            }
+            NodeKind::Plain | NodeKind::Staged { .. } => {
+                let file = File::open(&path).map_err(not_found_is)?;
+                let m = file.metadata()?;
+                if (m.dev(), m.ino()) != inode.identity() {
+                    return Err(FsError::Stale);
+                }
+                let passthrough = inode.kind() == NodeKind::Plain || !self.has_cached_opens(ino);
+                Ok(self.plain_handle(ino, file, None, passthrough))
+            }
+            NodeKind::Archive => {
+                let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+                if (m.dev(), m.ino()) != inode.identity() {
+                    return Err(FsError::Stale);
+                }
+                let slot = self.archive_slot(&inode, &m)?;
+                let archive = match slot.archive {
+                    Ok(a) => a,
+                    Err(reason) => {
+                        let e = FsError::BadArchive { path, reason };
+                        log::error!("{e}");
+                        return Err(e);
+                    }
+                };
+                let keep_cache = {
+                    let mut st = inode.state();
+                    let keep = st.last_open_generation == Some(slot.generation);
+                    st.last_open_generation = Some(slot.generation);
+                    keep
+                };
+                let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    ino,
+                    archive: Served { archive, file: 0 },
+                    generation: slot.generation,
+                    seq: Mutex::new(Sequential::default()),
+                }));
+                Ok(Opened::Archive { fh, keep_cache })
+            }
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` (short only at end of file).
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        match &*h {
+            Handle::Plain(PlainHandle { file, .. }) => {
+                let mut buf = vec![0u8; size as usize];
+                let mut n = 0;
+                while n < buf.len() {
+                    match file.read_at(&mut buf[n..], offset + n as u64) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(FsError::Io(e)),
+                    }
+                }
+                buf.truncate(n);
+                Ok(buf)
+            }
+            Handle::Archive(a) => self.read_archive(a, offset, size),
+            Handle::Dir(_) => Err(FsError::IsADirectory),
+        }
+    }
+
+    fn read_archive(&self, h: &ArchiveHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let Served { archive, file } = &h.archive;
+        let len = archive.logical_len(*file);
+        if offset >= len {
+            return Ok(Vec::new());
+        }
+        let n = (size as u64).min(len - offset);
+        let ahead = h.seq.lock().on_read(offset, n, len, &self.policy);
+        if let Some(range) = ahead {
+            self.prefetch(h, range);
+        }
+        let mut buf = vec![0u8; n as usize];
+        let mut fetch = |k: BlockKey| -> Result<Arc<Vec<u8>>> {
+            let key = CacheKey {
+                generation: h.generation,
+                block: k,
+            };
+            self.cache
+                .get_or_load(key, || archive.decode_block(k))
+                .map_err(|e| match e {
+                    FetchError::Load(e) => FsError::Decode(e),
+                    FetchError::Panicked => FsError::DecodePanicked,
+                })
+        };
+        match archive::read_with(&**archive, *file, offset, &mut buf, &mut fetch) {
+            Ok(k) => {
+                buf.truncate(k);
+                Ok(buf)
+            }
+            Err(err) => {
+                log::error!("read at {offset}+{n}: {err}");
+                Err(err)
+            }
+        }
+    }
+
+    /// Decodes the blocks of `range` into the cache on the rayon pool.
+    fn prefetch(&self, h: &ArchiveHandle, range: std::ops::Range<u64>) {
+        let pieces = match archive::plan(&*h.archive.archive, h.archive.file, range) {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!("prefetch plan: {e}");
+                return;
+            }
+        };
+        let mut last = None;
+        for p in pieces {
+            let PieceSource::Block(k) = p.source else {
+                continue;
+            };
+            if last == Some(k) {
+                continue;
+            }
+            last = Some(k);
+            let key = CacheKey {
+                generation: h.generation,
+                block: k,
+            };
+            if self.cache.contains_or_loading(&key) {
+                continue;
+            }
+            let cache = self.cache.clone();
+            let archive = h.archive.archive.clone();
+            rayon::spawn(move || {
+                if let Some(Err(FetchError::Load(e))) =
+                    cache.load_if_absent(key, || archive.decode_block(k))
+                {
+                    log::debug!("prefetch: {e}");
+                }
+            });
+        }
+    }
+}

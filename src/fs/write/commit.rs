@@ -1,0 +1,197 @@
+//! Compressing a staged file and committing the result.
+//!
+//! After the last writer closes, the staged file is validated, packed to
+//! `ID.zstn.tmp` in the spool with no lock held, fsynced and renamed to
+//! `X.zstn` next to where it belongs; that directory is fsynced, whatever
+//! the name presented before is removed, and only then the staged copy.
+//! Invalid safetensors are moved back as a plain `X.safetensors` instead.
+//! A version that changed during compression (a new writer, a truncate)
+//! discards the result; the next close queues it again. On failure (out of
+//! space) the staged file stays, served as it is, and the error is logged.
+//! The inode keeps its number and page cache: only its backing changes.
+
+use crate::fs::inode::NodeKind;
+use crate::fs::namespace;
+use crate::fs::spool::{Entry as SpoolEntry, Spool};
+use crate::fs::sys::is_root;
+use crate::fs::{CheckpointFs, FsError, Result};
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+impl CheckpointFs {
+    /// Compresses staged file `id` and commits it, if nothing writes it.
+    pub(super) fn commit(&self, id: u64) {
+        let Some(spool) = &self.spool else { return };
+        let Some(entry) = spool.begin_compress(id) else {
+            return;
+        };
+        if self.writer_count(entry.identity) > 0 || self.is_open(entry.identity) {
+            // Compressed after the last close (a passthrough handle must
+            // not be open when the inode becomes an archive).
+            spool.end_compress(id);
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        let packed = self.compress_staged(spool, id, &entry);
+        spool.end_compress(id);
+        let packed = match packed {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = std::fs::remove_file(spool.tmp_path(id));
+                log::error!(
+                    "{}: compression failed, the file stays staged at {} and readable: {e}",
+                    entry.target.display(),
+                    spool.data_path(id).display()
+                );
+                return;
+            }
+        };
+        let _g = self.ns.lock();
+        let current = spool.entry(id);
+        if current.as_ref().map(|c| c.version) != Some(entry.version)
+            || self.writer_count(entry.identity) > 0
+            || self.is_open(entry.identity)
+        {
+            // Changed while compressing: the next close queues it again.
+            let _ = std::fs::remove_file(spool.tmp_path(id));
+            return;
+        }
+        let current = current.expect("checked");
+        match self.commit_locked(spool, id, &current, packed.is_some()) {
+            Ok(()) => {
+                if let Some((raw, stored)) = packed {
+                    log::info!(
+                        "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
+                        current.target.display(),
+                        raw,
+                        stored,
+                        raw as f64 / stored.max(1) as f64,
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(spool.tmp_path(id));
+                log::error!(
+                    "{}: commit failed, the file stays staged and readable: {e}",
+                    current.target.display()
+                );
+            }
+        }
+    }
+
+    /// Packs the staged bytes into the spool's temporary file. Returns
+    /// (raw, stored) sizes, or None when the bytes are not valid
+    /// safetensors (they will be kept as a plain file).
+    fn compress_staged(
+        &self,
+        spool: &Spool,
+        id: u64,
+        entry: &SpoolEntry,
+    ) -> io::Result<Option<(u64, u64)>> {
+        let file = File::open(spool.data_path(id))?;
+        let m = file.metadata()?;
+        // SAFETY: nothing truncates the staged file while it is being
+        // compressed: writers wait for `end_compress` (see the module doc).
+        let map = if m.len() > 0 {
+            Some(unsafe { memmap2::Mmap::map(&file) }?)
+        } else {
+            None
+        };
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        if let Err(e) = crate::format::safetensors::split_file(bytes) {
+            log::warn!(
+                "{}: not a valid safetensors file ({e}); kept in the store as a plain file",
+                entry.target.display()
+            );
+            return Ok(None);
+        }
+        let tmp = spool.tmp_path(id);
+        let out = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let stats = {
+            let mut w = io::BufWriter::with_capacity(4 << 20, &out);
+            let s = crate::pack::pack(bytes, &mut w, Default::default(), &|_| {})
+                .map_err(io::Error::other)?;
+            w.flush()?;
+            s
+        };
+        // The archive keeps the file's mode, owner and times.
+        use std::os::unix::fs::PermissionsExt;
+        out.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
+        if is_root() {
+            std::os::unix::fs::fchown(&out, Some(m.uid()), Some(m.gid()))?;
+        }
+        out.set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(m.accessed()?)
+                .set_modified(m.modified()?),
+        )?;
+        out.sync_all()?;
+        Ok(Some((stats.raw_bytes, stats.stored_bytes)))
+    }
+
+    /// Moves the compressed file (or, when `compressed` is false, the
+    /// staged bytes) to its final name and removes the staged copy. Holds
+    /// `ns`.
+    fn commit_locked(
+        &self,
+        spool: &Spool,
+        id: u64,
+        entry: &SpoolEntry,
+        compressed: bool,
+    ) -> Result<()> {
+        let name = entry.target.file_name().ok_or(FsError::NotFound)?;
+        let dir_rel = entry.target.parent().unwrap_or(Path::new(""));
+        let dir = self.store.join(dir_rel);
+        if !dir.is_dir() {
+            // Removed in STORE behind the mount's back: never drop data.
+            std::fs::create_dir_all(&dir)?;
+        }
+        let (backing, kind) = if compressed {
+            let zname = self.archive_name_in(&dir, name);
+            std::fs::rename(spool.tmp_path(id), dir.join(&zname))?;
+            (zname, NodeKind::Archive)
+        } else {
+            std::fs::rename(spool.data_path(id), dir.join(name))?;
+            (name.to_os_string(), NodeKind::Plain)
+        };
+        crate::fsutil::sync_dir(&dir)?;
+        self.clear_name(dir_rel, name, Some(&backing), Some(id))?;
+        let m = std::fs::symlink_metadata(dir.join(&backing))?;
+        if let Some(inode) = entry.ino.and_then(|i| self.inodes.get(i)) {
+            if inode.kind() == (NodeKind::Staged { id }) {
+                inode.rebase(backing, kind, (m.dev(), m.ino()));
+            }
+        }
+        if compressed {
+            spool.remove(id)?;
+        } else {
+            spool.forget(id)?;
+        }
+        crate::fsutil::sync_dir(spool.dir())?;
+        Ok(())
+    }
+
+    /// The archive name a staged `name` in `dir` is committed as: the
+    /// existing `X.safetensors.zstn` if there is one (it would shadow
+    /// `X.zstn`), else `X.zstn`.
+    pub(super) fn archive_name_in(&self, dir: &Path, name: &OsStr) -> OsString {
+        let cands = namespace::archive_candidates(name);
+        if let Some(long) = cands.first() {
+            if std::fs::symlink_metadata(dir.join(long)).is_ok_and(|m| m.is_file())
+                && namespace::presented_name(long).as_deref() == Some(name)
+            {
+                return long.clone();
+            }
+        }
+        namespace::zstn_name_for(name)
+    }
+}

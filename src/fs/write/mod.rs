@@ -1,0 +1,82 @@
+//! The write path of `CheckpointFs`: creating, writing, renaming and
+//! removing files, and the write-back that compresses staged
+//! `.safetensors` files after their last close.
+//!
+//! - Plain files (any name but `X.safetensors`) are written straight
+//!   through to STORE.
+//! - A regular file `X.safetensors` written through the mount (created,
+//!   opened for writing, truncated, or renamed to that name) is staged in
+//!   the spool ([`super::spool`], [`stage`]) and served from there.
+//! - After the last writer closes ([`writers`]), the write-back thread
+//!   ([`queue`]) compresses it and commits the `.zstn` ([`commit`]).
+//!
+//! Each call has its file: [`open`] (open for writing, `write`, `fsync`,
+//! `fallocate`), [`create`] (`create`, `mknod`, `mkdir`, `symlink`,
+//! `link`), [`remove`] (`unlink`, `rmdir`), [`rename`], [`setattr`].
+//! `ns` serialises the changes that replace or remove what presents a name
+//! (`create`, `link`, `unlink`, `rmdir`, `rename`, staging, a commit);
+//! reads and lookups do not take it.
+//!
+//! A compression runs with no lock held; writers register in `writers`
+//! before waiting for a running compression of their file (`Spool::bump`),
+//! and a compression checks `writers` after marking itself running, so a
+//! file is never truncated under the compressor's map.
+
+mod commit;
+mod create;
+mod open;
+mod queue;
+mod remove;
+mod rename;
+mod setattr;
+mod stage;
+mod writers;
+
+pub(super) use queue::WritebackQueue;
+
+use super::inode::{Inode, NodeKind};
+use super::namespace;
+use super::spool::{self, Spool};
+use super::{CheckpointFs, FsError, Result};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+impl CheckpointFs {
+    fn spool(&self) -> Result<&Spool> {
+        match &self.spool {
+            Some(s) if !self.read_only => Ok(s),
+            _ => Err(FsError::ReadOnly),
+        }
+    }
+
+    /// A directory that may be changed: not read-only, not inside a
+    /// `.blz`. Returns it with its path relative to STORE.
+    fn writable_dir(&self, parent: u64) -> Result<(Arc<Inode>, PathBuf)> {
+        self.spool()?;
+        let p = self.dir_inode(parent)?;
+        if matches!(p.kind(), NodeKind::Blz | NodeKind::BlzDir { .. }) {
+            return Err(FsError::ReadOnly);
+        }
+        let rel = self.rel(&p)?;
+        Ok((p, rel))
+    }
+
+    /// Names the mount cannot create: the spool, and regular-file names
+    /// that STORE uses for archives (`X.zstn`, `X.blz`).
+    fn check_new_name(&self, rel: &Path, name: &OsStr, dir: bool) -> Result<()> {
+        if name.len() > 255 {
+            return Err(FsError::NameTooLong);
+        }
+        if rel.as_os_str().is_empty() && name == spool::SPOOL_DIR {
+            return Err(FsError::ReservedName);
+        }
+        if !dir && namespace::is_archive_name(name) {
+            // A regular file with this name in STORE is presented as an
+            // archive under another name; refuse rather than surprise.
+            log::debug!("refusing to create {name:?}: names ending in .zstn/.blz are reserved");
+            return Err(FsError::ReservedName);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! `unlink` and `rmdir`, and removing every backing a presented name has.
+//!
+//! Unlinking an `X.safetensors` removes the staged copy, the archives that
+//! present it and a plain file of that name. A directory holding staged
+//! files is not empty.
+
+use crate::fs::inode::NodeKind;
+use crate::fs::namespace;
+use crate::fs::{CheckpointFs, FsError, Result};
+use std::ffi::OsStr;
+use std::io;
+use std::path::Path;
+
+fn remove_if_exists(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FsError::Io(e)),
+        _ => Ok(()),
+    }
+}
+
+impl CheckpointFs {
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let (p, rel) = self.writable_dir(parent)?;
+        let _g = self.ns.lock();
+        let (backing, kind, _) = self.resolve(&p, name)?;
+        match kind {
+            NodeKind::Directory | NodeKind::Blz => return Err(FsError::IsADirectory),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::Plain => {
+                std::fs::remove_file(self.store.join(&rel).join(&backing))?;
+            }
+            NodeKind::Archive | NodeKind::Staged { .. } => {
+                self.clear_name(&rel, name, None, None)?;
+            }
+        }
+        self.inodes.remove_name(parent, name);
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let (p, rel) = self.writable_dir(parent)?;
+        let _g = self.ns.lock();
+        let (backing, kind, _) = self.resolve(&p, name)?;
+        match kind {
+            NodeKind::Directory => {}
+            // A `.blz` is a directory with content; it is removed by
+            // unlinking the `.blz` in STORE.
+            NodeKind::Blz => return Err(FsError::NotEmpty),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::Plain | NodeKind::Archive | NodeKind::Staged { .. } => {
+                return Err(FsError::NotADirectory)
+            }
+        }
+        let drel = rel.join(&backing);
+        if !self.spool()?.ids_under(&drel).is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        std::fs::remove_dir(self.store.join(&drel))?;
+        self.inodes.remove_name(parent, name);
+        Ok(())
+    }
+
+    /// Removes what presented `name` in `dir_rel` before, except `keep`
+    /// (a backing name) and spool entry `keep_id`: a plain file of that
+    /// name, its `.zstn` archives, and a staged version.
+    pub(super) fn clear_name(
+        &self,
+        dir_rel: &Path,
+        name: &OsStr,
+        keep: Option<&OsStr>,
+        keep_id: Option<u64>,
+    ) -> Result<()> {
+        let dir = self.store.join(dir_rel);
+        if let Some(s) = &self.spool {
+            if let Some((id, _)) = s.find(&dir_rel.join(name)) {
+                if Some(id) != keep_id {
+                    s.remove(id)?;
+                }
+            }
+        }
+        let mut names = vec![name.to_os_string()];
+        if namespace::is_staging_name(name) {
+            names.extend(
+                namespace::archive_candidates(name)
+                    .into_iter()
+                    .filter(|c| !namespace::is_blz_name(c)),
+            );
+        }
+        for n in names {
+            if Some(n.as_os_str()) == keep {
+                continue;
+            }
+            let p = dir.join(&n);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if !m.is_dir() => remove_if_exists(&p)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}

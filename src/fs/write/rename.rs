@@ -1,0 +1,150 @@
+//! `rename(2)`.
+//!
+//! A rename moves the inode (the kernel keeps its number for the new name)
+//! and whatever the backing needs: a directory moves with its staged files;
+//! a file renamed to an `X.safetensors` name becomes a compression
+//! candidate (staged), and a staged file renamed away from one is put back
+//! as a plain file; an archive keeps its `.zstn` under the new name. What
+//! cannot be presented under the new name is refused (see each arm).
+
+use crate::fs::inode::NodeKind;
+use crate::fs::namespace;
+use crate::fs::{CheckpointFs, FsError, Result};
+use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
+
+impl CheckpointFs {
+    /// `rename(2)`. `flags`: `RENAME_NOREPLACE` is honoured;
+    /// `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are refused with EINVAL.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        if flags & !libc::RENAME_NOREPLACE != 0 {
+            return Err(FsError::UnsupportedRenameFlags(flags));
+        }
+        let (p, rel) = self.writable_dir(parent)?;
+        let (np, nrel) = self.writable_dir(newparent)?;
+        let spool = self.spool()?;
+        let _g = self.ns.lock();
+        let (backing, kind, meta) = self.resolve(&p, name)?;
+        let dst = match self.resolve(&np, newname) {
+            Ok(d) => Some(d),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        self.check_new_name(&nrel, newname, kind.is_dir())?;
+        if parent == newparent && name == newname {
+            return Ok(());
+        }
+        if let Some((_, dkind, dmeta)) = &dst {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(FsError::Exists);
+            }
+            if (dmeta.dev(), dmeta.ino()) == (meta.dev(), meta.ino()) {
+                // Two names of one file: rename(2) does nothing.
+                return Ok(());
+            }
+            match (kind.is_dir(), dkind.is_dir()) {
+                (true, false) => return Err(FsError::NotADirectory),
+                (false, true) => return Err(FsError::IsADirectory),
+                _ => {}
+            }
+            if *dkind == NodeKind::Blz {
+                return Err(FsError::NotEmpty);
+            }
+            if *dkind == NodeKind::Directory && !spool.ids_under(&nrel.join(newname)).is_empty() {
+                return Err(FsError::NotEmpty);
+            }
+        }
+        let src_dir = self.store.join(&rel);
+        let dst_dir = self.store.join(&nrel);
+        let identity = (meta.dev(), meta.ino());
+        let staging = namespace::is_staging_name(newname);
+        let (new_backing, new_kind, new_identity) = match kind {
+            NodeKind::Directory => {
+                std::fs::rename(src_dir.join(&backing), dst_dir.join(newname))?;
+                spool.move_dir(&rel.join(name), &nrel.join(newname))?;
+                (newname.to_os_string(), kind, identity)
+            }
+            NodeKind::Blz => {
+                if dst.is_some() {
+                    // Deliberate: see doc/SEMANTICS.md.
+                    return Err(FsError::CopyInstead);
+                }
+                let mut b = newname.to_os_string();
+                b.push(".blz");
+                if std::fs::symlink_metadata(dst_dir.join(&b)).is_ok() {
+                    return Err(FsError::Exists);
+                }
+                std::fs::rename(src_dir.join(&backing), dst_dir.join(&b))?;
+                (b, kind, identity)
+            }
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::Plain if staging && meta.is_file() => {
+                // `a.safetensors.incomplete` -> `a.safetensors`: a new
+                // compression candidate.
+                let id = spool.adopt(&nrel.join(newname), &src_dir.join(&backing))?;
+                self.clear_name(&nrel, newname, None, Some(id))?;
+                if self.writer_count(identity) == 0 {
+                    self.schedule(id);
+                }
+                (newname.to_os_string(), NodeKind::Staged { id }, identity)
+            }
+            NodeKind::Plain => {
+                std::fs::rename(src_dir.join(&backing), dst_dir.join(newname))?;
+                self.clear_name(&nrel, newname, Some(newname), None)?;
+                (newname.to_os_string(), kind, identity)
+            }
+            NodeKind::Staged { id } if staging => {
+                spool.retarget(id, &nrel.join(newname))?;
+                // The version it replaced at the old name goes with it.
+                self.clear_name(&rel, name, None, Some(id))?;
+                self.clear_name(&nrel, newname, None, Some(id))?;
+                (newname.to_os_string(), kind, identity)
+            }
+            NodeKind::Staged { id } => {
+                spool.bump(id);
+                std::fs::rename(spool.data_path(id), dst_dir.join(newname))?;
+                spool.forget(id)?;
+                self.clear_name(&rel, name, None, None)?;
+                self.clear_name(&nrel, newname, Some(newname), None)?;
+                (newname.to_os_string(), NodeKind::Plain, identity)
+            }
+            NodeKind::Archive if staging => {
+                let z = self.archive_name_in(&dst_dir, newname);
+                std::fs::rename(src_dir.join(&backing), dst_dir.join(&z))?;
+                self.clear_name(&nrel, newname, Some(&z), None)?;
+                (z, kind, identity)
+            }
+            // An archive is only presented under an `X.safetensors` name;
+            // EXDEV makes mv(1) and shutil.move copy (decoding) instead.
+            NodeKind::Archive => return Err(FsError::CopyInstead),
+        };
+        crate::fsutil::sync_dir(&dst_dir)?;
+        if rel != nrel {
+            crate::fsutil::sync_dir(&src_dir)?;
+        }
+        match self.inodes.find(parent, name) {
+            Some(i) => {
+                self.inodes.rename(
+                    i.ino,
+                    newparent,
+                    newname,
+                    new_backing,
+                    new_kind,
+                    new_identity,
+                );
+                if let NodeKind::Staged { id } = new_kind {
+                    spool.set_ino(id, i.ino);
+                }
+            }
+            None => self.inodes.remove_name(newparent, newname),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! `setattr`: mode, owner, size and times.
+//!
+//! A size change of an `X.safetensors` stages it first (a truncated archive
+//! is a new version); everything else is applied to the backing file.
+
+use crate::fs::handles::{Handle, PlainHandle};
+use crate::fs::inode::NodeKind;
+use crate::fs::namespace;
+use crate::fs::resolve::not_found_is;
+use crate::fs::sys::{check, cpath, timespec};
+use crate::fs::{Attr, CheckpointFs, FsError, Result, SetAttr};
+use std::fs::OpenOptions;
+
+impl CheckpointFs {
+    /// `setattr`: mode, owner, size and times, through `fh` when given.
+    pub fn setattr(&self, ino: u64, a: SetAttr, fh: Option<u64>) -> Result<Attr> {
+        let spool = self.spool()?;
+        let inode = self.inode(ino)?;
+        let handle_file = fh
+            .and_then(|f| self.handle(f).ok())
+            .and_then(|h| match &*h {
+                Handle::Plain(PlainHandle { file, ino: hi, .. }) if *hi == ino => {
+                    Some(file.clone())
+                }
+                _ => None,
+            });
+        match inode.kind() {
+            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
+                return Err(FsError::ReadOnly)
+            }
+            _ => {}
+        }
+        if let Some(size) = a.size {
+            let kind = inode.kind();
+            match kind {
+                NodeKind::Directory => return Err(FsError::IsADirectory),
+                NodeKind::Plain
+                    if namespace::is_staging_name(&inode.loc().name) && handle_file.is_none() =>
+                {
+                    let path = self.full(&inode)?;
+                    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                        let id = self.stage_plain(spool, &inode)?;
+                        self.truncate_staged(spool, id, size, None)?;
+                    }
+                }
+                NodeKind::Plain => match &handle_file {
+                    Some(f) => f.set_len(size)?,
+                    None => OpenOptions::new()
+                        .write(true)
+                        .open(self.full(&inode)?)
+                        .map_err(not_found_is)?
+                        .set_len(size)?,
+                },
+                NodeKind::Staged { id } => {
+                    self.truncate_staged(spool, id, size, handle_file.as_deref())?
+                }
+                NodeKind::Archive => {
+                    let id = self.stage_archive(spool, &inode, size == 0)?;
+                    self.truncate_staged(spool, id, size, None)?;
+                }
+                NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
+                    unreachable!("refused above")
+                }
+            }
+        }
+        let path = self.full(&inode)?;
+        let c = cpath(&path)?;
+        if a.uid.is_some() || a.gid.is_some() {
+            let uid = a.uid.unwrap_or(u32::MAX);
+            let gid = a.gid.unwrap_or(u32::MAX);
+            // SAFETY: `c` is a valid NUL-terminated path.
+            check(unsafe { libc::lchown(c.as_ptr(), uid, gid) })?;
+        }
+        if let Some(mode) = a.mode {
+            // SAFETY: `c` is a valid NUL-terminated path.
+            check(unsafe { libc::chmod(c.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
+        }
+        if a.atime.is_some() || a.mtime.is_some() {
+            let ts = [timespec(a.atime), timespec(a.mtime)];
+            // SAFETY: `c` is a valid path and `ts` two timespecs.
+            check(unsafe {
+                libc::utimensat(
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    ts.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+        }
+        self.getattr_fh(ino, fh)
+    }
+}
