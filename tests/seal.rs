@@ -147,6 +147,12 @@ fn seal_ok(args: &[&str]) -> String {
     stdout(&o)
 }
 
+fn info_json(path: &Path) -> serde_json::Value {
+    let o = ckptfs(&["info", "--json", "--summary", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()[0].clone()
+}
+
 #[test]
 fn sealing_every_z4ai_vector_keeps_frames_and_content() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,6 +164,10 @@ fn sealing_every_z4ai_vector_keeps_frames_and_content() {
         let path = dir.path().join(format!("{name}.zstn"));
         std::fs::copy(zstn, &path).unwrap();
         std::fs::copy(orig, dir.path().join(format!("{name}.safetensors"))).unwrap();
+        assert_eq!(
+            info_json(&path)["checksum_kind"],
+            "none (z4ai-written; `ckptfs seal` adds checksums)"
+        );
 
         let out = seal_ok(&[path.to_str().unwrap()]);
         assert!(out.contains(": sealed ("), "{name}: {out}");
@@ -202,6 +212,7 @@ fn sealing_every_z4ai_vector_keeps_frames_and_content() {
             "{name}"
         );
         std::fs::remove_file(&un).unwrap();
+        assert_eq!(info_json(&path)["checksum_kind"], "ckx1 (sealed)");
     }
 
     // z4ai 0.2.0 reads every sealed file as it read the original.
@@ -396,6 +407,7 @@ fn sealing_twice_and_sealing_a_ckptfs_file_change_nothing() {
         "{out}"
     );
     assert_eq!(std::fs::read(&ours).unwrap(), written);
+    assert_eq!(info_json(&ours)["checksum_kind"], "ckx1 (ckptfs-written)");
 }
 
 #[test]
@@ -505,4 +517,19 @@ fn a_damaged_file_is_not_sealed() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("tied.zstn"), "{}", stderr(&o));
     assert_eq!(std::fs::read(&path).unwrap(), b);
+}
+
+#[test]
+fn info_says_how_a_file_is_checksummed() {
+    let o = ckptfs(&[
+        "info",
+        "--summary",
+        vectors_dir().join("tiny.zstn").to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    assert!(
+        stdout(&o).contains("checksums     none (z4ai-written; `ckptfs seal` adds checksums)"),
+        "{}",
+        stdout(&o)
+    );
 }
