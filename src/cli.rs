@@ -156,6 +156,9 @@ pub struct MountArgs {
     /// and recompressed to `.zstn` after they are closed.
     #[arg(long)]
     pub read_only: bool,
+    /// Serve only archives with checksums (ckptfs-written, or sealed with `ckptfs seal`); a z4ai-written .zstn is listed, but opening it fails (EIO).
+    #[arg(long)]
+    pub require_checksums: bool,
     /// error, warn, info, debug or trace (or a RUST_LOG filter); RUST_LOG also works.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,

@@ -520,6 +520,23 @@ fn a_damaged_file_is_not_sealed() {
 }
 
 #[test]
+fn require_checksums_refuses_only_files_without_them() {
+    let z4ai = std::fs::read(vectors_dir().join("tied.zstn")).unwrap();
+    let a = archive::from_bytes(z4ai.clone(), Path::new("tied.zstn")).unwrap();
+    let err = archive::require_checksums(&*a).unwrap_err().to_string();
+    assert!(
+        err.contains("tied.zstn")
+            && err.contains("no checksums (z4ai-written)")
+            && err.contains("ckptfs seal"),
+        "{err}"
+    );
+    for ok in [sealed(z4ai).unwrap(), packed(&mixed_model())] {
+        let a = archive::from_bytes(ok, Path::new("ok.zstn")).unwrap();
+        assert!(archive::require_checksums(&*a).is_ok());
+    }
+}
+
+#[test]
 fn info_says_how_a_file_is_checksummed() {
     let o = ckptfs(&[
         "info",

@@ -178,6 +178,9 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
     if a.read_only {
         cmd.arg("--read-only");
     }
+    if a.require_checksums {
+        cmd.arg("--require-checksums");
+    }
     if a.allow_other {
         cmd.arg("--allow-other");
     }
@@ -293,6 +296,10 @@ fn foreground(
         cache_bytes,
         ttl: Duration::from_secs(1),
         read_only: a.read_only,
+        // TODO(integrator): add `require_checksums: bool` to FsConfig (src/fs/)
+        // and pass it here: `require_checksums: a.require_checksums,`. Until
+        // then the flag is accepted and forwarded to the daemon but not
+        // enforced.
     })
     .with_context(|| store.display().to_string())?;
     let fs = std::sync::Arc::new(fs);
