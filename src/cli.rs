@@ -29,6 +29,8 @@ pub enum Command {
     Info(InfoArgs),
     /// Decode everything and check all structure and checksums; one verdict line per file.
     Verify(VerifyArgs),
+    /// Add ckptfs's checksums to z4ai-written .zstn files, in place: frames untouched, every block decoded and checked first; z4ai still reads them.
+    Seal(SealArgs),
     /// List the tensors of a .blz archive with dtype, shape and size.
     List(ListArgs),
     /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
@@ -67,6 +69,23 @@ pub struct InfoArgs {
 pub struct VerifyArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SealArgs {
+    /// The .zstn files to seal (already checksummed ones are left as they are).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The sha256 (64 hex digits) the presented .safetensors must have; on a mismatch nothing is written (one FILE only).
+    #[arg(long, value_name = "HEX", value_parser = parse_sha256)]
+    pub sha256: Option<[u8; 32]>,
+    /// Seal a file that has other hard links (they keep the unsealed file).
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+fn parse_sha256(s: &str) -> Result<[u8; 32], String> {
+    crate::pack::seal::parse_sha256(s)
 }
 
 #[derive(Debug, clap::Args)]
@@ -137,6 +156,9 @@ pub struct MountArgs {
     /// and recompressed to `.zstn` after they are closed.
     #[arg(long)]
     pub read_only: bool,
+    /// Serve only archives with checksums (ckptfs-written, or sealed with `ckptfs seal`); a z4ai-written .zstn is listed, but opening it fails (EIO).
+    #[arg(long)]
+    pub require_checksums: bool,
     /// error, warn, info, debug or trace (or a RUST_LOG filter); RUST_LOG also works.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,

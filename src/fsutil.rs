@@ -18,6 +18,43 @@ where
             "output exists (use --force to replace it)",
         ));
     }
+    // tempfile creates 0600 files; give the result the mode a plain create
+    // would have (0666 minus the umask).
+    let mode = 0o666 & !umask();
+    write_via_temp(path, overwrite, |f| set_mode(f, mode), fill)
+}
+
+/// Replaces the existing regular file `path` (not a symlink: resolve it
+/// first) atomically through `fill`, keeping its permission bits and, when
+/// the process may, its owner and group. If `fill` fails, `path` is left as
+/// it was. Other hard links to `path` keep the old contents.
+pub fn replace_atomic<F>(path: &Path, fill: F) -> io::Result<()>
+where
+    F: FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+{
+    use std::os::unix::fs::MetadataExt;
+    let old = path.symlink_metadata()?;
+    let keep = |f: &File| {
+        // Only root (or the owner, for the group) may give a file away;
+        // anyone else keeps the file as their own, as cp does.
+        let _ = std::os::unix::fs::fchown(f, Some(old.uid()), Some(old.gid()));
+        set_mode(f, old.mode() & 0o7777)
+    };
+    write_via_temp(path, true, keep, fill)
+}
+
+fn set_mode(f: &File, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
+/// Creates a temporary sibling of `path`, sets it up with `init`, fills
+/// it, fsyncs it, renames it to `path` and fsyncs the directory.
+fn write_via_temp<I, F>(path: &Path, overwrite: bool, init: I, fill: F) -> io::Result<()>
+where
+    I: FnOnce(&File) -> io::Result<()>,
+    F: FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+{
     let dir = parent_dir(path);
     let name = path
         .file_name()
@@ -27,14 +64,7 @@ where
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
         .tempfile_in(&dir)?;
-    // tempfile creates 0600 files; give the result the mode a plain create
-    // would have (0666 minus the umask).
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = 0o666 & !umask();
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    }
+    init(tmp.as_file())?;
     {
         let mut w = io::BufWriter::with_capacity(1 << 20, tmp.as_file());
         fill(&mut w)?;

@@ -481,3 +481,28 @@ fn sigterm_unmounts_cleanly() {
     let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounted.contains(m.mnt.to_str().unwrap()));
 }
+
+#[test]
+fn require_checksums_serves_only_checksummed_archives() {
+    let m = Mount::new(
+        |s| {
+            populate_store(s);
+            // A z4ai-written archive sealed by ckptfs is served.
+            std::fs::copy(vectors_dir().join("bf16_dense.zstn"), s.join("sealed.zstn")).unwrap();
+            let o = common::ckptfs(&["seal", s.join("sealed.zstn").to_str().unwrap()]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        },
+        &["--require-checksums"],
+    );
+    let want = std::fs::read(vectors_dir().join("bf16_dense.safetensors")).unwrap();
+    assert!(std::fs::read(m.path("sealed.safetensors")).unwrap() == want);
+    assert!(
+        std::fs::read(m.path("packed_bf16_dense.safetensors")).unwrap() == want,
+        "ckptfs-written archives are served"
+    );
+    // The same file as z4ai wrote it: listed, EIO, logged with the remedy.
+    assert!(m.path("bf16_dense.safetensors").exists());
+    let e = std::fs::read(m.path("bf16_dense.safetensors")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(m.log_text().contains("ckptfs seal"), "{}", m.log_text());
+}

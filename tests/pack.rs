@@ -335,7 +335,7 @@ fn info_shows_per_tensor_transform_methods_and_ratio() {
         .success());
     let out = ckptfs(&["info", dir.path().join("m.zstn").to_str().unwrap()]);
     let s = String::from_utf8_lossy(&out.stdout);
-    assert!(s.contains("CKX1"), "{s}");
+    assert!(s.contains("checksums     ckx1 (ckptfs-written)"), "{s}");
     let w = s
         .lines()
         .find(|l| l.trim_start().starts_with("w "))

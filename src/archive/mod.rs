@@ -347,6 +347,20 @@ fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn Ar
     }
 }
 
+/// The mount's `--require-checksums` rule: an archive is served only if
+/// checksums cover every byte it serves ([`ArchiveView::checksums`]), so
+/// damage is an error, never wrong bytes. A z4ai-written `.zstn` has none
+/// until `ckptfs seal` adds them.
+pub fn require_checksums<A: ArchiveView + ?Sized>(a: &A) -> Result<()> {
+    match a.checksums() {
+        Some(_) => Ok(()),
+        None => Err(a.integrity(
+            "no checksums (z4ai-written): run `ckptfs seal` or mount without --require-checksums"
+                .into(),
+        )),
+    }
+}
+
 /// Where the bytes of `range` of file `file` live: a list of (source,
 /// range inside the source, offset in the output).
 pub fn plan<A: ArchiveView + ?Sized>(a: &A, file: usize, range: Range<u64>) -> Result<Vec<Piece>> {

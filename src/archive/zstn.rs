@@ -198,6 +198,10 @@ impl ZstnArchive {
     pub fn extension(&self) -> Option<&Extension> {
         self.ext.as_ref()
     }
+    /// The archive's own bytes, as stored.
+    pub fn stored_bytes(&self) -> &[u8] {
+        self.bytes()
+    }
     /// The header entry of a record, by name.
     pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
         self.header

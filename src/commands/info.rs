@@ -33,6 +33,9 @@ pub struct FileInfo {
     pub stored_bytes: u64,
     pub ratio: f64,
     pub checksums: bool,
+    /// Which checksums and who added them: "ckx1 (ckptfs-written)",
+    /// "ckx1 (sealed)", or "none (...)".
+    pub checksum_kind: String,
     pub dtypes: BTreeMap<String, usize>,
     pub frame_kinds: BTreeMap<String, usize>,
     pub plane_methods: BTreeMap<String, usize>,
@@ -78,6 +81,15 @@ fn frame_desc(f: &Frame<'_>) -> (String, Vec<&'static str>) {
     )
 }
 
+/// How a `.zstn` is checksummed, as `info` reports it.
+pub fn checksum_kind(a: &ZstnArchive) -> &'static str {
+    match a.extension() {
+        Some(e) if e.sealed() => "ckx1 (sealed)",
+        Some(_) => "ckx1 (ckptfs-written)",
+        None => "none (z4ai-written; `ckptfs seal` adds checksums)",
+    }
+}
+
 pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
     let mut info = FileInfo {
         file: a.path().display().to_string(),
@@ -87,6 +99,7 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
         stored_bytes: a.stored_len(),
         ratio: ratio(a.len(), a.stored_len()),
         checksums: a.extension().is_some(),
+        checksum_kind: checksum_kind(a).into(),
         dtypes: BTreeMap::new(),
         frame_kinds: BTreeMap::new(),
         plane_methods: BTreeMap::new(),
@@ -196,6 +209,7 @@ fn frame_info(path: &std::path::Path, bytes: &[u8]) -> Result<FileInfo> {
         stored_bytes: bytes.len() as u64,
         ratio: ratio(raw, bytes.len() as u64),
         checksums: false,
+        checksum_kind: "none (bare z4ai frame)".into(),
         dtypes: BTreeMap::new(),
         frame_kinds: BTreeMap::from([(frame.clone(), 1)]),
         plane_methods: BTreeMap::new(),
@@ -230,11 +244,8 @@ fn hist(m: &BTreeMap<String, usize>) -> String {
 
 fn print_human(i: &FileInfo, per_tensor: bool) {
     println!("{}", i.file);
-    println!(
-        "  format        {}{}",
-        i.format,
-        if i.checksums { " + CKX1 checksums" } else { "" }
-    );
+    println!("  format        {}", i.format);
+    println!("  checksums     {}", i.checksum_kind);
     println!("  tensors       {}", i.tensors);
     println!("  dtypes        {}", hist(&i.dtypes));
     println!("  raw bytes     {}", i.raw_bytes);

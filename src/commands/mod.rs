@@ -6,6 +6,7 @@ mod daemon_state;
 mod info;
 mod mount;
 mod pack;
+mod seal;
 mod unpack;
 mod verify;
 
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Unpack(a) => unpack::run(g, a),
         Command::Info(a) => info::run(g, a),
         Command::Verify(a) => verify::run(g, a),
+        Command::Seal(a) => seal::run(g, a),
         Command::List(a) => blz::list(g, a),
         Command::Extract(a) => blz::extract(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),

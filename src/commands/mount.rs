@@ -188,6 +188,9 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
     if a.read_only {
         cmd.arg("--read-only");
     }
+    if a.require_checksums {
+        cmd.arg("--require-checksums");
+    }
     if a.allow_other {
         cmd.arg("--allow-other");
     }
@@ -314,6 +317,7 @@ fn foreground(
         cache_bytes,
         ttl: Duration::from_secs(1),
         read_only: a.read_only,
+        require_checksums: a.require_checksums,
     })
     .with_context(|| store.display().to_string())?;
     let fs = std::sync::Arc::new(fs);

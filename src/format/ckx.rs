@@ -6,12 +6,16 @@
 //! skipped. ckptfs writes this block between the last frame and the index.
 //! z4ai's own files have their frames back to back up to the index, so any
 //! unreferenced bytes there must be a valid extension, or the file is corrupt.
+//! `ckptfs seal` adds the same block to a z4ai-written file (frames left in
+//! place) and marks it with the [`FLAG_SEALED`] flag.
 //!
 //! Layout (all integers little-endian, digests are xxh3-64 with seed 0; see
 //! doc/FORMAT.md for the normative description):
 //!
 //! ```text
-//! [4] "CKX1" ; u16 version = 1 ; u16 flags = 0 ; u32 n_units
+//! [4] "CKX1" ; u16 version = 1 ; u16 flags ; u32 n_units
+//!                    flags: bit 0 = sealed (added to a z4ai-written file
+//!                    by `ckptfs seal`), other bits 0; readers ignore them
 //! u64 head_digest    file bytes [0, frames_start)       (magic .. data_len;
 //!                    for contiguous = 0 also the frame_len field)
 //! u64 index_digest   file bytes [index_offset, file_len) (index + footer;
@@ -37,6 +41,10 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 pub const MAGIC: &[u8; 4] = b"CKX1";
 pub const VERSION: u16 = 1;
+/// `flags` bit: the block was added to a z4ai-written file by `ckptfs seal`
+/// (ckptfs's writer leaves it clear). Informational: it changes nothing a
+/// reader checks.
+pub const FLAG_SEALED: u16 = 1;
 const TRAILER: usize = 20;
 const FIXED: usize = 4 + 2 + 2 + 4 + 8 + 8;
 
@@ -56,6 +64,8 @@ pub struct UnitDigests {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Extension {
+    /// The `flags` field ([`FLAG_SEALED`]).
+    pub flags: u16,
     pub head_digest: u64,
     pub index_digest: u64,
     pub units: Vec<UnitDigests>,
@@ -118,14 +128,28 @@ pub fn unit_digests(
     elem_bytes: u64,
     blocks: &[&[u8]],
 ) -> UnitDigests {
+    let data: Vec<u64> = blocks.iter().map(|b| xxh3_64(b)).collect();
+    unit_digests_from(frame, access, bounds, elem_bytes, &data)
+}
+
+/// Digests of one unit whose blocks' decoded bytes were already hashed:
+/// `data[b]` is the xxh3 of block `b` (so a caller can decode and hash
+/// one block at a time).
+pub fn unit_digests_from(
+    frame: &[u8],
+    access: Option<&ElementAccess<'_>>,
+    bounds: &[u64],
+    elem_bytes: u64,
+    data: &[u64],
+) -> UnitDigests {
     let mut all = Vec::new();
-    let mut out = Vec::with_capacity(blocks.len());
-    for (b, data) in blocks.iter().enumerate() {
+    let mut out = Vec::with_capacity(data.len());
+    for (b, &data) in data.iter().enumerate() {
         let ranges = block_payload(access, frame.len(), bounds, elem_bytes, b);
         out.push(BlockDigest {
             end: bounds[b + 1],
             payload: hash_ranges(frame, &ranges),
-            data: xxh3_64(data),
+            data,
         });
         all.extend(ranges);
     }
@@ -174,14 +198,24 @@ pub fn encoded_len(blocks_per_unit: &[usize]) -> usize {
         + TRAILER
 }
 
-/// Serialises an extension.
+/// Serialises an extension as ckptfs's writer does (flags 0).
 pub fn render(head_digest: u64, index_digest: u64, units: &[UnitDigests]) -> Vec<u8> {
+    render_with_flags(0, head_digest, index_digest, units)
+}
+
+/// Serialises an extension with `flags` ([`FLAG_SEALED`] for `ckptfs seal`).
+pub fn render_with_flags(
+    flags: u16,
+    head_digest: u64,
+    index_digest: u64,
+    units: &[UnitDigests],
+) -> Vec<u8> {
     let counts: Vec<usize> = units.iter().map(|u| u.blocks.len()).collect();
     let len = encoded_len(&counts);
     let mut v = Vec::with_capacity(len);
     v.extend_from_slice(MAGIC);
     v.extend_from_slice(&VERSION.to_le_bytes());
-    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(&flags.to_le_bytes());
     v.extend_from_slice(&(units.len() as u32).to_le_bytes());
     v.extend_from_slice(&head_digest.to_le_bytes());
     v.extend_from_slice(&index_digest.to_le_bytes());
@@ -261,6 +295,7 @@ pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
             "checksum block version {version} is not supported (this build reads version {VERSION})"
         ));
     }
+    let flags = u16::from_le_bytes(body[6..8].try_into().unwrap());
     let n_units = u32::from_le_bytes(body[8..12].try_into().unwrap()) as usize;
     let head_digest = u64::from_le_bytes(body[12..20].try_into().unwrap());
     let index_digest = u64::from_le_bytes(body[20..28].try_into().unwrap());
@@ -303,6 +338,7 @@ pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
         return corrupt("trailing bytes");
     }
     Ok(Some(Extension {
+        flags,
         head_digest,
         index_digest,
         units,
@@ -311,6 +347,12 @@ pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
 }
 
 impl Extension {
+    /// Added to a z4ai-written file by `ckptfs seal` (else written by
+    /// ckptfs's own writer).
+    pub fn sealed(&self) -> bool {
+        self.flags & FLAG_SEALED != 0
+    }
+
     /// Checks the head and index digests and the unit count (at open).
     pub fn verify_structure(
         &self,
@@ -377,5 +419,33 @@ impl Extension {
             return Err("checksum mismatch in the frame".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::zstn::{render_footer, render_head, render_index};
+
+    /// A zero-tensor ZSTN file with `ext` between the head and the index.
+    fn file_with(ext: &[u8]) -> Vec<u8> {
+        let mut f = render_head(b"{}      ", 0, true);
+        f.extend_from_slice(ext);
+        let idx = render_index(&[]);
+        let off = f.len() as u64;
+        f.extend_from_slice(&idx);
+        f.extend_from_slice(&render_footer(off, idx.len() as u64));
+        f
+    }
+
+    #[test]
+    fn the_sealed_flag_round_trips_and_the_writer_leaves_it_clear() {
+        assert_eq!(render(1, 2, &[]), render_with_flags(0, 1, 2, &[]));
+        for (flags, sealed) in [(0, false), (FLAG_SEALED, true)] {
+            let f = file_with(&render_with_flags(flags, 1, 2, &[]));
+            let z = Zstn::parse(&f).unwrap();
+            let e = find(&f, &z).unwrap().expect("a CKX1 block");
+            assert_eq!((e.flags, e.sealed()), (flags, sealed));
+        }
     }
 }

@@ -83,7 +83,7 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
-        let slot = parse_version(&file, &fm, &path, false);
+        let slot = parse_version(&file, &fm, &path, false, self.require_checksums);
         st.archive = Some(slot.clone());
         Ok(slot)
     }
@@ -93,7 +93,13 @@ impl CheckpointFs {
 /// magic). `directory`: presented as a directory of files (`X.blz`), else
 /// as one file; an archive of the other shape is refused. An archive that
 /// cannot be parsed is logged once per version and kept as the reason.
-pub(super) fn parse_version(file: &File, meta: &Metadata, path: &Path, directory: bool) -> Slot {
+pub(super) fn parse_version(
+    file: &File,
+    meta: &Metadata,
+    path: &Path,
+    directory: bool,
+    require_checksums: bool,
+) -> Slot {
     let shown = if directory {
         "listed as a directory"
     } else {
@@ -110,6 +116,12 @@ pub(super) fn parse_version(file: &File, meta: &Metadata, path: &Path, directory
             }
             _ => Ok(a),
         }
+    });
+    let archive = archive.and_then(|a| {
+        if require_checksums {
+            archive::require_checksums(&*a)?;
+        }
+        Ok(a)
     });
     Slot {
         version: version_of(meta),

@@ -75,7 +75,7 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
-        let slot = parse_version(&file, &fm, &path, true);
+        let slot = parse_version(&file, &fm, &path, true, self.require_checksums);
         st.blz = Some(slot.clone());
         Ok((slot, fm))
     }

@@ -99,6 +99,9 @@ pub struct FsConfig {
     pub ttl: Duration,
     /// Refuse every change (EROFS); nothing in STORE is touched.
     pub read_only: bool,
+    /// Serve only archives whose checksums cover every byte served
+    /// (ckptfs-written or sealed); any other fails like an unparseable one.
+    pub require_checksums: bool,
 }
 
 pub struct CheckpointFs {
@@ -112,6 +115,7 @@ pub struct CheckpointFs {
     /// Backing paths already warned about (shadowed archives).
     warned: Mutex<HashSet<PathBuf>>,
     read_only: bool,
+    require_checksums: bool,
     /// Staged `.safetensors` files (None when read-only).
     spool: Option<Spool>,
     /// Serialises changes of the namespace (create, rename, unlink, commit
@@ -157,6 +161,7 @@ impl CheckpointFs {
             ttl: cfg.ttl,
             warned: Mutex::new(HashSet::new()),
             read_only: cfg.read_only,
+            require_checksums: cfg.require_checksums,
             spool,
             ns: Mutex::new(()),
             writers: Mutex::new(HashMap::new()),

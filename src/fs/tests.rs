@@ -31,6 +31,7 @@ fn fs_over(store: &Path, cache: u64) -> CheckpointFs {
         cache_bytes: cache,
         ttl: Duration::from_secs(1),
         read_only: false,
+        require_checksums: false,
     })
     .unwrap()
 }
@@ -41,6 +42,7 @@ fn fs_read_only(store: &Path) -> CheckpointFs {
         cache_bytes: 1 << 20,
         ttl: Duration::from_secs(1),
         read_only: true,
+        require_checksums: false,
     })
     .unwrap()
 }

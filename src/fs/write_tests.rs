@@ -14,6 +14,7 @@ fn fs_over(store: &Path) -> CheckpointFs {
         cache_bytes: 64 << 20,
         ttl: Duration::from_secs(1),
         read_only: false,
+        require_checksums: false,
     })
     .unwrap()
 }

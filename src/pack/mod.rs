@@ -8,6 +8,8 @@
 //!   block, index, footer), readable by z4ai. [`pack`].
 //! - [`blz`]: a model directory in, one `.blz` archive out (prelude, JSON
 //!   header, blobs), tensors deduplicated across shards. [`pack_dir`].
+//! - [`seal`]: a z4ai-written `.zstn` in, the same file with ckptfs's CKX1
+//!   checksum block added out (frames untouched). [`seal_file`].
 //!
 //! This module holds the types the writers share with their callers:
 //! options, statistics, and the error of the encoder and the `.zstn` writer.
@@ -17,10 +19,12 @@
 //! bump the format version.
 
 pub mod blz;
+pub mod seal;
 pub mod tensor;
 pub mod zstn;
 
 pub use blz::{pack_dir, walk, BlzPackError};
+pub use seal::seal_file;
 pub use zstn::pack;
 
 use crate::format::safetensors::HeaderError;

@@ -1,0 +1,56 @@
+//! `ckptfs seal`: add ckptfs's CKX1 checksums to z4ai-written `.zstn`
+//! files in place (the work is [`crate::pack::seal`]). One line per file;
+//! exit 1 if any file could not be sealed.
+
+use super::{progress, Global, Result};
+use crate::archive::ZstnArchive;
+use crate::cli::SealArgs;
+use crate::pack::seal::{seal_file, SealOptions, SealOutcome};
+use std::process::ExitCode;
+
+pub fn run(g: Global, a: SealArgs) -> Result<ExitCode> {
+    if a.sha256.is_some() && a.files.len() > 1 {
+        eprintln!("ckptfs: --sha256 names the content of one file: give a single FILE with it");
+        return Ok(ExitCode::from(2));
+    }
+    let opts = SealOptions {
+        expect_sha256: a.sha256,
+        force: a.force,
+    };
+    let mut failed = false;
+    for path in &a.files {
+        // Progress counts presented bytes; opening reads only the index.
+        let total = ZstnArchive::open(path).map_or(0, |z| z.len());
+        let pb = progress(g, total, "seal");
+        let r = seal_file(path, opts, &|n| pb.inc(n));
+        pb.finish_and_clear();
+        match r {
+            Ok(SealOutcome::AlreadySealed { sealed }) => println!(
+                "{}: already sealed (ckx1, {})",
+                path.display(),
+                if sealed { "sealed" } else { "ckptfs-written" }
+            ),
+            Ok(SealOutcome::Sealed(s)) => println!(
+                "{}: sealed ({} frames, {} blocks, {} bytes of checksums added{})",
+                path.display(),
+                s.frames,
+                s.blocks,
+                s.added_bytes,
+                if a.sha256.is_some() {
+                    ", sha256 matched"
+                } else {
+                    ""
+                }
+            ),
+            Err(e) => {
+                eprintln!("ckptfs: {e}");
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
