@@ -762,12 +762,7 @@ fn refuses_malformed_shard_before_writing() {
 #[test]
 fn raw_archive_reads_with_the_documented_layout_only() {
     let f = packed(true);
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run scripts/setup-test-env.sh",
-        py.display()
-    );
+    let py = common::venv_python();
     let out_dir = f.root.join("py");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blz_raw_reader.py");
     let out = std::process::Command::new(&py)

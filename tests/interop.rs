@@ -6,19 +6,6 @@ use common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-pub fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("CKPTFS_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    let py = venv.join("bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run scripts/setup-test-env.sh first (it installs z4ai==0.2.0 and friends)",
-        py.display()
-    );
-    py
-}
-
 #[test]
 fn z4ai_decodes_every_file_ckptfs_writes() {
     let dir = tempfile::tempdir().unwrap();

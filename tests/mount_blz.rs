@@ -391,15 +391,7 @@ fn blz_mounts_as_the_original_directory() {
     assert_eq!(a, b);
 
     // Python safetensors loads every tensor of every shard.
-    let venv = std::env::var_os("CKPTFS_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    let python = venv.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} missing: run scripts/setup-test-env.sh",
-        python.display()
-    );
+    let python = common::venv_python();
     let out = std::process::Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_safetensors_check.py"))
         .arg(mnt.join(SHARD1))

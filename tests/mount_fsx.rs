@@ -179,22 +179,6 @@ fn read_direct(path: &Path) -> Vec<u8> {
 }
 
 /// Regular files under `dir`, recursively (none if it does not exist).
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        match e.file_type() {
-            Ok(t) if t.is_dir() => out.extend(files_under(&p)),
-            Ok(_) => out.push(p),
-            Err(_) => {}
-        }
-    }
-    out
-}
-
 fn empty_store_mount() -> Mount {
     Mount::new(|_| {}, &["--cache-size", "64M"])
 }
@@ -225,12 +209,11 @@ fn fsx_on_a_safetensors_file_through_the_spool() {
     // safetensors file, so whether it ends up compressed is up to the
     // daemon; the content must not change either way).
     let before = std::fs::read(&file).unwrap();
-    let spool = m.store.join(".ckptfs-spool");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !files_under(&spool).is_empty() && Instant::now() < deadline {
+    while !m.spool_entries().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let left = files_under(&spool);
+    let left = m.spool_entries();
     println!(
         "after fsx: spool {}; STORE holds {:?}",
         if left.is_empty() {

@@ -197,15 +197,7 @@ fn direct_io_open_does_not_break_mmap_of_another_reader() {
 #[test]
 fn python_safetensors_loads_every_tensor_and_slice() {
     let (m, pairs) = store_mount();
-    let venv = std::env::var_os("CKPTFS_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    let python = venv.join("bin/python");
-    assert!(
-        python.exists(),
-        "{} missing: run scripts/setup-test-env.sh",
-        python.display()
-    );
+    let python = common::venv_python();
     let mut cmd = std::process::Command::new(&python);
     cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_safetensors_check.py"));
     for (name, orig) in &pairs {

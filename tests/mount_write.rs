@@ -13,18 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn python() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        p.exists(),
-        "{} missing: run scripts/setup-test-env.sh",
-        p.display()
-    );
-    p
-}
-
 fn client(args: &[&str]) {
-    let out = Command::new(python())
+    let out = Command::new(common::venv_python())
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_write_client.py"))
         .args(args)
         .output()
@@ -170,9 +160,8 @@ fn kill_9_during_compression_loses_nothing() {
     // ~120 MB: compression takes a while, so the kill lands inside it.
     client(&["save", p.to_str().unwrap(), "7", "40000000"]);
     let written = std::fs::read(&p).unwrap();
-    let spool = m.store.join(".ckptfs-spool");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !names(&spool).iter().any(|n| n.ends_with(".zstn.tmp")) {
+    while !m.spool_entries().iter().any(|n| n.ends_with(".zstn.tmp")) {
         assert!(
             Instant::now() < deadline,
             "compression never started: {}",
@@ -186,7 +175,7 @@ fn kill_9_during_compression_loses_nothing() {
     m.remount(&[]);
     assert_eq!(std::fs::read(&p).unwrap(), written, "served from the spool");
     m.wait_committed(120);
-    assert!(names(&m.store.join(".ckptfs-spool")).is_empty());
+    assert!(m.spool_entries().is_empty());
     assert_eq!(names(&m.store), vec![".ckptfs-spool", "big.zstn"]);
     assert_eq!(names(&m.mnt), vec!["big.safetensors"]);
     assert_eq!(std::fs::read(&p).unwrap(), written);
@@ -244,7 +233,8 @@ fn out_of_space_reaches_the_writer_and_keeps_staged_files_readable() {
     assert_eq!(std::fs::read(&p).unwrap(), written, "still readable");
     assert!(!m.store.join("m.zstn").exists());
     // The record and the data (a retried compression may have a .tmp).
-    let staged: Vec<String> = names(&m.store.join(".ckptfs-spool"))
+    let staged: Vec<String> = m
+        .spool_entries()
         .into_iter()
         .filter(|n| !n.ends_with(".tmp"))
         .collect();

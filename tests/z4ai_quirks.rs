@@ -6,16 +6,9 @@
 //! not read are named in one line, not misreported.
 
 mod common;
-use common::ckptfs;
+use common::{ckptfs, venv_python};
 use std::path::Path;
 use std::process::Command;
-
-fn venv_python() -> std::path::PathBuf {
-    let venv = std::env::var_os("CKPTFS_VENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
-    venv.join("bin/python")
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

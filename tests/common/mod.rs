@@ -24,6 +24,36 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The ckptfs binary cargo built for this test run.
+/// The Python of the test venv (`CKPTFS_VENV`, default `.venv` of the
+/// checkout) that scripts/setup-test-env.sh builds: z4ai 0.2.0,
+/// safetensors, numpy.
+pub fn venv_python() -> std::path::PathBuf {
+    let venv = std::env::var_os("CKPTFS_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    let py = venv.join("bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/setup-test-env.sh first",
+        py.display()
+    );
+    py
+}
+
+/// Flips every byte of `bytes` in turn (xor 0x10) and asserts that
+/// `detects` reports each damaged copy (`what` names the file in failures).
+pub fn assert_every_flip_detected(what: &str, bytes: &[u8], detects: impl Fn(Vec<u8>) -> bool) {
+    for at in 0..bytes.len() {
+        let mut b = bytes.to_vec();
+        b[at] ^= 0x10;
+        assert!(
+            detects(b),
+            "{what}: flip at {at} of {} went unnoticed",
+            bytes.len()
+        );
+    }
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ckptfs")
 }

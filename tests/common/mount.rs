@@ -15,6 +15,19 @@ fn mounted(mnt: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
+/// The entries of `store`'s spool but the daemon's writer lock, sorted.
+pub fn spool_entries(store: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(store.join(".ckptfs-spool"))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n != "writer.lock")
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 pub struct Mount {
     pub dir: tempfile::TempDir,
     pub store: PathBuf,
@@ -150,13 +163,18 @@ impl Mount {
         }
     }
 
+    /// The staged files and records in STORE's spool (not the writer lock
+    /// the daemon holds there).
+    pub fn spool_entries(&self) -> Vec<String> {
+        spool_entries(&self.store)
+    }
+
     /// Waits until STORE holds no staged file (every write compressed or
     /// put back). Panics after `secs`.
     pub fn wait_committed(&self, secs: u64) {
-        let spool = self.store.join(".ckptfs-spool");
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
-            let n = std::fs::read_dir(&spool).map(|d| d.count()).unwrap_or(0);
+            let n = spool_entries(&self.store).len();
             if n == 0 {
                 return;
             }
