@@ -66,6 +66,10 @@ impl CheckpointFs {
             let r = attr.perm & 0o444;
             attr.perm = r | (r >> 2);
             attr.nlink = 2;
+            // A directory's own size: the archive's stored bytes are
+            // counted by the files inside (`du` adds them up once).
+            attr.size = 4096;
+            attr.blocks = 0;
         }
         inode.state().attr = Some(attr);
         Ok(attr)

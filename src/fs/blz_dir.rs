@@ -100,10 +100,11 @@ impl CheckpointFs {
     }
 
     /// Attributes of an entry inside a `.blz` whose backing file has
-    /// metadata `m`: read-only, owner and times of the `.blz`.
-    fn blz_entry_attr(ino: u64, m: &Metadata, dir: bool, size: u64) -> Attr {
+    /// metadata `m`: read-only, owner and times of the `.blz`. `blocks`:
+    /// 512-byte blocks charged to it (see [`stored_share`]).
+    fn blz_entry_attr(ino: u64, m: &Metadata, dir: bool, size: u64, blocks: u64) -> Attr {
         let mut a = attr_from_meta(ino, m, size);
-        a.blocks = size.div_ceil(512);
+        a.blocks = blocks;
         a.rdev = 0;
         let r = a.perm & 0o444;
         if dir {
@@ -126,11 +127,12 @@ impl CheckpointFs {
             NodeKind::BlzFile { .. } => {
                 let (a, _, m) = self.blz_archive(&root)?;
                 let i = a.find(&inner).ok_or(FsError::Stale)?;
-                Self::blz_entry_attr(inode.ino, &m, false, a.logical_len(i))
+                let size = a.logical_len(i);
+                Self::blz_entry_attr(inode.ino, &m, false, size, stored_share(&*a, &m, size))
             }
             _ => {
                 let (_, m) = self.blz_slot(&root)?;
-                Self::blz_entry_attr(inode.ino, &m, true, 4096)
+                Self::blz_entry_attr(inode.ino, &m, true, 4096, 0)
             }
         };
         inode.state().attr = Some(attr);
@@ -159,8 +161,10 @@ impl CheckpointFs {
         };
         let inode = self.inodes.assign(p.ino, name, name, kind, root.identity());
         let attr = match attr_of {
-            Some(size) => Self::blz_entry_attr(inode.ino, &m, false, size),
-            None => Self::blz_entry_attr(inode.ino, &m, true, 4096),
+            Some(size) => {
+                Self::blz_entry_attr(inode.ino, &m, false, size, stored_share(&*a, &m, size))
+            }
+            None => Self::blz_entry_attr(inode.ino, &m, true, 4096, 0),
         };
         let mut st = inode.state();
         st.attr = Some(attr);
@@ -215,4 +219,16 @@ impl CheckpointFs {
         }
         Ok(self.insert_handle(Handle::Dir(items)))
     }
+}
+
+/// The 512-byte blocks charged to a file of `size` bytes inside archive
+/// `a` (whose backing file has metadata `m`): its share of the blocks the
+/// archive occupies, in proportion to its size, so that `du` of the
+/// directory adds up to the archive's own `du`.
+fn stored_share(a: &dyn ArchiveView, m: &Metadata, size: u64) -> u64 {
+    let total: u64 = (0..a.files()).map(|i| a.logical_len(i)).sum();
+    if total == 0 {
+        return 0;
+    }
+    (m.blocks() as u128 * size as u128).div_ceil(total as u128) as u64
 }
