@@ -53,7 +53,7 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
             while !stop.load(Ordering::Relaxed) {
                 // Alternately through a plain temporary name and a staged
                 // (`.safetensors`) one: both arms of rename.
-                let tmp = if v % 2 == 0 {
+                let tmp = if v.is_multiple_of(2) {
                     mnt.join("rep.safetensors.tmp")
                 } else {
                     mnt.join("rep.tmp.safetensors")
@@ -63,7 +63,7 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
                 renames.fetch_add(1, Ordering::Relaxed);
                 v += 1;
                 // Leave time for some commits to happen between renames.
-                if v % 8 == 0 {
+                if v.is_multiple_of(8) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
