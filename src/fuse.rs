@@ -234,7 +234,7 @@ impl Filesystem for CheckpointFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr_fh(ino.0, fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
+            Ok(a) => reply.attr(&self.fs.attr_ttl(ino.0), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -385,7 +385,7 @@ impl Filesystem for CheckpointFuse {
             mtime: t(mtime),
         };
         match self.fs.setattr(ino.0, a, fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&self.fs.ttl(), &file_attr(&a)),
+            Ok(a) => reply.attr(&self.fs.attr_ttl(ino.0), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }

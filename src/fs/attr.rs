@@ -75,6 +75,22 @@ impl CheckpointFs {
         Ok(attr)
     }
 
+    /// How long the kernel may keep the attributes of `ino`: not at all
+    /// while it is staged or open for writing (the daemon changes its size
+    /// and times behind the kernel's cache: staging, truncates, commits),
+    /// so `fstat` and `lseek(SEEK_END)` answer fresh; else the mount's TTL.
+    pub fn attr_ttl(&self, ino: u64) -> Duration {
+        match self.inodes.get(ino) {
+            Some(i)
+                if matches!(i.kind(), NodeKind::Staged { .. })
+                    || self.writer_count(i.identity()) > 0 =>
+            {
+                Duration::ZERO
+            }
+            _ => self.ttl,
+        }
+    }
+
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         self.getattr_fh(ino, None)
     }

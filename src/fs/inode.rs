@@ -203,6 +203,22 @@ impl InodeTable {
         kind: NodeKind,
         identity: Identity,
     ) -> Arc<Inode> {
+        self.assign_if(parent, name, backing, kind, identity, || true)
+            .expect("unconditional")
+    }
+
+    /// [`Self::assign`] if `still_true` holds under the table's lock (the
+    /// namespace did not change since the caller resolved the name), else
+    /// None and nothing recorded.
+    pub fn assign_if(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        backing: &OsStr,
+        kind: NodeKind,
+        identity: Identity,
+        still_true: impl Fn() -> bool,
+    ) -> Option<Arc<Inode>> {
         let key = (parent, name.to_os_string());
         let same = |i: &Inode| {
             let l = i.loc.read();
@@ -212,14 +228,17 @@ impl InodeTable {
             let t = self.tables.read();
             if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
                 if same(i) {
-                    return i.clone();
+                    return still_true().then(|| i.clone());
                 }
             }
         }
         let mut t = self.tables.write();
+        if !still_true() {
+            return None;
+        }
         if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
             if same(i) {
-                return i.clone();
+                return Some(i.clone());
             }
         }
         // Superseded inodes nobody references any more can go now.
@@ -241,7 +260,7 @@ impl InodeTable {
         });
         t.by_ino.insert(ino, inode.clone());
         t.by_name.insert(key, ino);
-        inode
+        Some(inode)
     }
 
     /// `name` in `parent` no longer exists (unlinked): its inode, if any,

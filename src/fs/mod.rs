@@ -33,7 +33,8 @@
 //! fails to decode answers EIO for the reads that need it, only.
 //!
 //! Lock order (the one place it is written down, for the whole mount):
-//! `ns` first (held across a namespace change or a commit), then the inode
+//! `ns` first (held across a namespace change or a commit; a lookup that
+//! raced a change is done again under it, see `ns_lock`), then the inode
 //! table (`InodeTable::tables`), then one inode's `loc` or `state`: never
 //! both at once, and nothing is taken under `state` (a path is walked
 //! before `state` is locked). Every other lock is a leaf, released before
@@ -57,6 +58,7 @@ pub mod error;
 mod handles;
 pub mod inode;
 pub mod namespace;
+mod ns_lock;
 pub mod prefetch;
 mod read;
 mod resolve;
@@ -120,7 +122,7 @@ pub struct CheckpointFs {
     spool: Option<Spool>,
     /// Serialises changes of the namespace (create, rename, unlink, commit
     /// of a compressed file). Reads and lookups do not take it.
-    ns: Mutex<()>,
+    ns: ns_lock::NsLock,
     /// Open handles with write access, per backing identity.
     writers: Mutex<HashMap<Identity, usize>>,
     /// Staged files waiting to be compressed.
@@ -163,7 +165,7 @@ impl CheckpointFs {
             read_only: cfg.read_only,
             require_checksums: cfg.require_checksums,
             spool,
-            ns: Mutex::new(()),
+            ns: ns_lock::NsLock::default(),
             writers: Mutex::new(HashMap::new()),
             writeback: WritebackQueue::new(),
         };

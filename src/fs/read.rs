@@ -32,7 +32,7 @@ impl CheckpointFs {
     /// (or with `O_TRUNC`) goes to the write path (`open_write`).
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
         let staged = matches!(self.inode(ino)?.kind(), NodeKind::Staged { .. });
-        match self.open_once(ino, flags) {
+        let r = match self.open_once(ino, flags) {
             // Committed (compressed or put back) between resolving the
             // inode and opening its spool file: wait for the commit to
             // finish (it holds `ns`) and open what it left.
@@ -40,6 +40,15 @@ impl CheckpointFs {
                 drop(self.ns.lock());
                 self.open_once(ino, flags)
             }
+            r => r,
+        };
+        match r {
+            // The inode's backing is gone: the name was renamed over or
+            // removed after the kernel looked it up. ESTALE makes the
+            // kernel look the name up again and open what it shows now
+            // (ENOENT if nothing), so an open racing a rename-over finds
+            // the old or the new file, never nothing.
+            Err(FsError::NotFound) => Err(FsError::Stale),
             r => r,
         }
     }

@@ -164,24 +164,56 @@ impl CheckpointFs {
         }
     }
 
+    /// `lookup`. Resolves without `ns`; if a namespace change ran
+    /// meanwhile (the inode table would record what the name showed before
+    /// it, or the name was found in neither place while a rename-over or a
+    /// commit moved it), it is done again under `ns` (see `ns_lock`).
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
+        if let Some(g) = self.ns.stable() {
+            match self.lookup_at(parent, name, Some(g)) {
+                Ok(Some(e)) => return Ok(e),
+                Err(e) if self.ns.unchanged(g) => return Err(e),
+                Ok(None) | Err(_) => {}
+            }
+        }
+        let _g = self.ns.lock();
+        self.lookup_locked(parent, name)
+    }
+
+    /// `lookup` for a caller that holds `ns`.
+    pub(super) fn lookup_locked(&self, parent: u64, name: &OsStr) -> Result<Entry> {
+        Ok(self
+            .lookup_at(parent, name, None)?
+            .expect("nothing changes the namespace under ns"))
+    }
+
+    /// Resolves `name` and records its inode, unless the namespace
+    /// changed since generation `g` (then None, nothing recorded).
+    fn lookup_at(&self, parent: u64, name: &OsStr, g: Option<u64>) -> Result<Option<Entry>> {
         let p = self.dir_inode(parent)?;
         if matches!(p.kind(), NodeKind::Blz | NodeKind::BlzDir { .. }) {
-            return self.lookup_blz(&p, name);
+            return self.lookup_blz(&p, name).map(Some);
         }
         let (backing, kind, meta) = self.resolve(&p, name)?;
-        let inode = self
-            .inodes
-            .assign(parent, name, &backing, kind, (meta.dev(), meta.ino()));
+        let Some(inode) = self.inodes.assign_if(
+            parent,
+            name,
+            &backing,
+            kind,
+            (meta.dev(), meta.ino()),
+            || g.is_none_or(|g| self.ns.unchanged(g)),
+        ) else {
+            return Ok(None);
+        };
         if let (NodeKind::Staged { id }, Some(s)) = (kind, &self.spool) {
             s.set_ino(id, inode.ino);
         }
         let attr = self.attr_of(&inode, &meta)?;
         inode.state().lookups += 1;
-        Ok(Entry {
+        Ok(Some(Entry {
             attr,
-            ttl: self.ttl,
-        })
+            ttl: self.attr_ttl(inode.ino),
+        }))
     }
 
     pub fn forget(&self, ino: u64, nlookup: u64) {

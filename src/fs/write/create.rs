@@ -94,7 +94,7 @@ impl CheckpointFs {
         inode.state().lookups += 1;
         Ok(Entry {
             attr,
-            ttl: self.ttl,
+            ttl: self.attr_ttl(inode.ino),
         })
     }
 
@@ -188,6 +188,6 @@ impl CheckpointFs {
         }
         let _g = self.ns.lock();
         std::fs::hard_link(self.full(&inode)?, self.store.join(&rel).join(newname))?;
-        self.lookup(newparent, newname)
+        self.lookup_locked(newparent, newname)
     }
 }

@@ -83,6 +83,17 @@ impl CheckpointFs {
             // the module doc).
             self.add_writer(entry.identity);
             spool.bump(id);
+            // A commit that looked at `writers` before this one registered
+            // may have moved the file out of the spool since; under `ns` it
+            // has finished or will see this writer and stand down. Writing
+            // to a file the commit moved would lose the writes (compressed)
+            // or leave the inode's size to a file it no longer presents.
+            let _g = self.ns.lock();
+            if spool.entry(id).is_none() || inode.kind() != (NodeKind::Staged { id }) {
+                drop(_g);
+                self.writer_closed(entry.identity);
+                return Err(FsError::Stale);
+            }
         }
         let file = match open_backing(&spool.data_path(id), flags) {
             Ok(f) => f,

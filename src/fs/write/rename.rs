@@ -9,6 +9,7 @@
 
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
+use crate::fs::spool::Spool;
 use crate::fs::{CheckpointFs, FsError, Result};
 use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
@@ -65,6 +66,13 @@ impl CheckpointFs {
         let dst_dir = self.store.join(&nrel);
         let identity = (meta.dev(), meta.ino());
         let staging = namespace::is_staging_name(newname);
+        // A staged version the new name showed before: removed once the
+        // new file presents the name (the spool's index then points at
+        // the new one, so `clear_name` no longer finds it).
+        let replaced_staged = spool
+            .find(&nrel.join(newname))
+            .map(|(id, _)| id)
+            .filter(|_| dst.is_some());
         let (new_backing, new_kind, new_identity) = match kind {
             NodeKind::Directory => {
                 std::fs::rename(src_dir.join(&backing), dst_dir.join(newname))?;
@@ -90,6 +98,7 @@ impl CheckpointFs {
                 // compression candidate.
                 let id = spool.adopt(&nrel.join(newname), &src_dir.join(&backing))?;
                 self.clear_name(&nrel, newname, None, Some(id))?;
+                remove_replaced(spool, replaced_staged, id)?;
                 if self.writer_count(identity) == 0 {
                     self.schedule(id);
                 }
@@ -105,6 +114,7 @@ impl CheckpointFs {
                 // The version it replaced at the old name goes with it.
                 self.clear_name(&rel, name, None, Some(id))?;
                 self.clear_name(&nrel, newname, None, Some(id))?;
+                remove_replaced(spool, replaced_staged, id)?;
                 (newname.to_os_string(), kind, identity)
             }
             NodeKind::Staged { id } => {
@@ -146,5 +156,13 @@ impl CheckpointFs {
             None => self.inodes.remove_name(newparent, newname),
         }
         Ok(())
+    }
+}
+
+/// Removes staged version `old` that a rename replaced by staged `new`.
+fn remove_replaced(spool: &Spool, old: Option<u64>, new: u64) -> Result<()> {
+    match old {
+        Some(o) if o != new => Ok(spool.remove(o)?),
+        _ => Ok(()),
     }
 }

@@ -9,7 +9,7 @@ use crate::fs::inode::Identity;
 use crate::fs::CheckpointFs;
 
 impl CheckpointFs {
-    pub(super) fn writer_count(&self, id: Identity) -> usize {
+    pub(in crate::fs) fn writer_count(&self, id: Identity) -> usize {
         self.writers.lock().get(&id).copied().unwrap_or(0)
     }
 
