@@ -156,7 +156,13 @@ impl Mount {
         let spool = self.store.join(".ckptfs-spool");
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
-            let n = std::fs::read_dir(&spool).map(|d| d.count()).unwrap_or(0);
+            // The daemon's writer lock lives there for the whole mount.
+            let n = std::fs::read_dir(&spool)
+                .map(|d| {
+                    d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "writer.lock"))
+                        .count()
+                })
+                .unwrap_or(0);
             if n == 0 {
                 return;
             }
