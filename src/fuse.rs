@@ -221,7 +221,8 @@ impl Filesystem for CheckpointFuse {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.lookup(parent.0, name) {
             Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -232,21 +233,24 @@ impl Filesystem for CheckpointFuse {
         self.fs.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.getattr_fh(ino.0, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&self.fs.attr_ttl(ino.0), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.open(ino.0, flags.0) {
             Ok(o) => {
                 let (fh, f, backing) = self.open_reply(ino.0, o, |file| reply.open_backing(file));
@@ -269,6 +273,7 @@ impl Filesystem for CheckpointFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.create(parent.0, name, mode, flags, caller(req)) {
             Ok((e, o)) => {
                 let (fh, f, backing) =
@@ -324,12 +329,13 @@ impl Filesystem for CheckpointFuse {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.fsyncdir(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -354,7 +360,7 @@ impl Filesystem for CheckpointFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -370,6 +376,7 @@ impl Filesystem for CheckpointFuse {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         let t = |t: Option<TimeOrNow>| {
             t.map(|t| match t {
                 TimeOrNow::Now => SetTime::Now,
@@ -400,6 +407,7 @@ impl Filesystem for CheckpointFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_entry(
             reply,
             self.fs.mknod(parent.0, name, mode, rdev, caller(req)),
@@ -415,6 +423,7 @@ impl Filesystem for CheckpointFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_entry(reply, self.fs.mkdir(parent.0, name, mode, caller(req)));
     }
 
@@ -426,6 +435,7 @@ impl Filesystem for CheckpointFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_entry(
             reply,
             self.fs.symlink(parent.0, link_name, target, caller(req)),
@@ -434,26 +444,29 @@ impl Filesystem for CheckpointFuse {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_entry(reply, self.fs.link(ino.0, newparent.0, newname));
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_empty(reply, self.fs.unlink(parent.0, name));
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_empty(reply, self.fs.rmdir(parent.0, name));
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -461,6 +474,7 @@ impl Filesystem for CheckpointFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         reply_empty(
             reply,
             self.fs
@@ -532,7 +546,8 @@ impl Filesystem for CheckpointFuse {
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
@@ -575,14 +590,16 @@ impl Filesystem for CheckpointFuse {
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.getxattr(ino.0, name) {
             Ok(v) => reply_xattr(reply, &v, size),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.listxattr(ino.0) {
             Ok(v) => reply_xattr(reply, &v, size),
             Err(e) => reply.error(errno(&e)),

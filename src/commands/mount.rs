@@ -318,6 +318,7 @@ fn foreground(
         ttl: Duration::from_secs(1),
         read_only: a.read_only,
         require_checksums: a.require_checksums,
+        allow_other: a.allow_other,
     })
     .with_context(|| store.display().to_string())?;
     let fs = std::sync::Arc::new(fs);

@@ -71,14 +71,18 @@ impl CheckpointFs {
         }
         // The path walk takes the inode table and `loc`s, which must not be
         // taken under `state` (see the lock order in `fs`).
-        let path = self.full(inode)?;
+        let rel = self.rel(inode)?;
+        let path = self.store().join(&rel);
         let identity = inode.identity();
         let mut st = inode.state();
         // Parsed by another thread meanwhile: one parse per version.
         if let Some(s) = seen(&st) {
             return Ok(s);
         }
-        let file = File::open(&path).map_err(not_found_is)?;
+        let file = self
+            .store
+            .open_file(&rel, libc::O_RDONLY, 0)
+            .map_err(not_found_is)?;
         let fm = file.metadata()?;
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);

@@ -11,7 +11,6 @@
 use super::handles::Handle;
 use super::inode::{Inode, NodeKind};
 use super::resolve::not_found_is;
-use super::sys::cpath;
 use super::{Attr, CheckpointFs, FileKind, FsError, Result, StatFs};
 use std::fs::Metadata;
 use std::io;
@@ -117,7 +116,7 @@ impl CheckpointFs {
                 r => r,
             };
         }
-        match std::fs::symlink_metadata(self.full(&inode)?) {
+        match self.store.lstat(&self.rel(&inode)?) {
             Ok(m) if (m.dev(), m.ino()) == inode.identity() => self.attr_of(&inode, &m),
             // The path was replaced or removed: this inode is the old file;
             // answer what it last was (as a local fs does for an unlinked
@@ -141,24 +140,14 @@ impl CheckpointFs {
         ) {
             return Err(FsError::NotASymlink);
         }
-        Ok(std::fs::read_link(self.full(&inode)?)
-            .map_err(not_found_is)?
-            .into_os_string()
-            .into_encoded_bytes())
+        self.store
+            .readlink(&self.rel(&inode)?)
+            .map_err(not_found_is)
     }
 
     /// Statistics of the filesystem holding STORE.
     pub fn statfs(&self) -> Result<StatFs> {
-        // Never fails: `new` canonicalized STORE, which a path with a NUL
-        // byte cannot be.
-        let c = cpath(&self.store)?;
-        // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `c` is a valid NUL-terminated path and `s` a writable
-        // statvfs that outlives the call.
-        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-            return Err(FsError::Io(io::Error::last_os_error()));
-        }
+        let s = self.store.statvfs()?;
         Ok(StatFs {
             blocks: s.f_blocks,
             bfree: s.f_bfree,

@@ -25,7 +25,7 @@ use super::resolve::not_found_is;
 use super::{Attr, CheckpointFs, Entry, FileKind, FsError, Result};
 use crate::archive::ArchiveView;
 use std::ffi::OsStr;
-use std::fs::{File, Metadata};
+use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
@@ -59,7 +59,8 @@ impl CheckpointFs {
     fn blz_slot(&self, root: &Inode) -> Result<(Slot, Metadata)> {
         let path = self.full(root)?;
         let identity = root.identity();
-        let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+        let rel = self.rel(root)?;
+        let m = self.store.lstat(&rel).map_err(not_found_is)?;
         if (m.dev(), m.ino()) != identity {
             return Err(FsError::Stale);
         }
@@ -70,7 +71,10 @@ impl CheckpointFs {
                 return Ok((s.clone(), m));
             }
         }
-        let file = File::open(&path).map_err(not_found_is)?;
+        let file = self
+            .store
+            .open_file(&rel, libc::O_RDONLY, 0)
+            .map_err(not_found_is)?;
         let fm = file.metadata()?;
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);

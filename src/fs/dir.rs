@@ -26,14 +26,14 @@ impl CheckpointFs {
             return self.opendir_blz(&d);
         }
         let rel = self.rel(&d)?;
-        let dir = self.store.join(&rel);
+        let dir = self.store.path().join(&rel);
         let mut raw = Vec::new();
         let mut kinds = HashMap::new();
         let staged: HashMap<OsString, u64> = match &self.spool {
             Some(s) => s.names_in(&rel).into_iter().map(|(i, n)| (n, i)).collect(),
             None => HashMap::new(),
         };
-        for e in std::fs::read_dir(&dir).map_err(not_found_is)? {
+        for e in self.store.read_dir(&rel).map_err(not_found_is)? {
             let e = e?;
             if rel.as_os_str().is_empty() && e.file_name() == spool::SPOOL_DIR {
                 continue;
@@ -130,7 +130,7 @@ impl CheckpointFs {
         if matches!(d.kind(), NodeKind::Blz | NodeKind::BlzDir { .. }) {
             return Ok(());
         }
-        crate::fsutil::sync_dir(&self.full(&d)?)?;
+        self.store.sync_dir(&self.rel(&d)?)?;
         Ok(())
     }
 }

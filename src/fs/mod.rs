@@ -52,6 +52,7 @@
 
 mod archive_slot;
 mod attr;
+pub mod beneath;
 mod blz_dir;
 mod dir;
 pub mod error;
@@ -69,6 +70,7 @@ mod write;
 mod xattr;
 
 pub use archive_slot::Slot;
+use beneath::Beneath;
 pub use error::{FsError, Result};
 pub use inode::{NodeKind, ROOT_INO};
 pub use types::{
@@ -104,10 +106,15 @@ pub struct FsConfig {
     /// Serve only archives whose checksums cover every byte served
     /// (ckptfs-written or sealed); any other fails like an unparseable one.
     pub require_checksums: bool,
+    /// Other users use the mount (`--allow-other`): STORE is accessed
+    /// with each caller's fs identity (see [`beneath`]).
+    pub allow_other: bool,
 }
 
 pub struct CheckpointFs {
-    store: PathBuf,
+    /// STORE's root descriptor; every access to STORE goes through it.
+    store: Beneath,
+    allow_other: bool,
     inodes: InodeTable,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
@@ -132,7 +139,7 @@ pub struct CheckpointFs {
 impl std::fmt::Debug for CheckpointFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CheckpointFs")
-            .field("store", &self.store)
+            .field("store", &self.store.path())
             .finish()
     }
 }
@@ -155,7 +162,8 @@ impl CheckpointFs {
         };
         let fs = CheckpointFs {
             inodes: InodeTable::new((m.dev(), m.ino())),
-            store,
+            store: Beneath::open(&store)?.with_own(spool::SPOOL_DIR),
+            allow_other: cfg.allow_other,
             handles: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             cache: Arc::new(BlockCache::new(cfg.cache_bytes)),
@@ -181,7 +189,16 @@ impl CheckpointFs {
     }
 
     pub fn store(&self) -> &Path {
-        &self.store
+        self.store.path()
+    }
+
+    /// Until the guard is dropped, this thread accesses STORE as the
+    /// caller `uid`/`gid` (with the groups of process `pid`) when other
+    /// users may use the mount; else as the daemon (the mount's owner is
+    /// the only caller).
+    pub fn on_behalf(&self, uid: u32, gid: u32, pid: u32) -> Option<beneath::OnBehalf> {
+        self.allow_other
+            .then(|| beneath::on_behalf(beneath::Ids::of_process(uid, gid, pid)))
     }
 
     pub fn cache_stats(&self) -> CacheStats {

@@ -22,7 +22,6 @@ use super::{CheckpointFs, FsError, Opened, Result};
 use crate::archive::{self, BlockKey, PieceSource};
 use crate::cache::{CacheKey, FetchError};
 use parking_lot::Mutex;
-use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
@@ -85,7 +84,10 @@ impl CheckpointFs {
                 Ok(Opened::Archive { fh, keep_cache })
             }
             NodeKind::Plain | NodeKind::Staged { .. } => {
-                let file = File::open(&path).map_err(not_found_is)?;
+                let file = self
+                    .store
+                    .open_file(&self.rel(&inode)?, libc::O_RDONLY, 0)
+                    .map_err(not_found_is)?;
                 let m = file.metadata()?;
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
@@ -94,7 +96,7 @@ impl CheckpointFs {
                 Ok(self.plain_handle(ino, file, None, passthrough))
             }
             NodeKind::Archive => {
-                let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+                let m = self.store.lstat(&self.rel(&inode)?).map_err(not_found_is)?;
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }

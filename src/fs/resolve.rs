@@ -59,8 +59,10 @@ impl CheckpointFs {
         Ok(names.iter().rev().collect())
     }
 
+    /// The backing path of `inode`, for messages only: STORE is accessed
+    /// through [`super::beneath`], never by this path.
     pub(super) fn full(&self, inode: &Inode) -> Result<PathBuf> {
-        Ok(self.store.join(self.rel(inode)?))
+        Ok(self.store.path().join(self.rel(inode)?))
     }
 
     pub(super) fn inode(&self, ino: u64) -> Result<Arc<Inode>> {
@@ -117,20 +119,21 @@ impl CheckpointFs {
                 }
             }
         }
-        self.resolve_name(&self.store.join(rel), name)
+        self.resolve_name(&rel, name)
     }
 
     /// Which backing entry presents `name` in directory `dir`.
-    fn resolve_name(&self, dir: &Path, name: &OsStr) -> Result<(OsString, NodeKind, Metadata)> {
+    fn resolve_name(&self, rel: &Path, name: &OsStr) -> Result<(OsString, NodeKind, Metadata)> {
         let cands = namespace::archive_candidates(name);
-        match std::fs::symlink_metadata(dir.join(name)) {
+        let dir = &self.store.path().join(rel);
+        match self.store.lstat(&rel.join(name)) {
             Ok(m) => {
                 if m.is_file() && namespace::is_archive_name(name) {
                     // Shown under its `.safetensors` name instead.
                     return Err(FsError::NotFound);
                 }
                 for c in &cands {
-                    if std::fs::symlink_metadata(dir.join(c)).is_ok_and(|m| m.is_file()) {
+                    if self.store.lstat(&rel.join(c)).is_ok_and(|m| m.is_file()) {
                         self.warn_shadowed(dir, c, name);
                     }
                 }
@@ -144,7 +147,7 @@ impl CheckpointFs {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let mut found: Option<(OsString, Metadata)> = None;
                 for c in cands {
-                    match std::fs::symlink_metadata(dir.join(&c)) {
+                    match self.store.lstat(&rel.join(&c)) {
                         Ok(m) if m.is_file() => match &found {
                             None => found = Some((c, m)),
                             Some((winner, _)) => self.warn_shadowed(dir, &c, winner),

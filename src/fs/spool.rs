@@ -303,13 +303,18 @@ impl Spool {
         Ok((id, file))
     }
 
-    /// Stages the existing plain file `src` (absolute) for `target`,
-    /// moving it into the spool.
-    pub fn adopt(&self, target: &Path, src: &Path) -> io::Result<u64> {
+    /// Stages an existing plain file for `target`: `move_in` moves it to
+    /// the spool path it is given (from STORE, which only the caller may
+    /// resolve safely).
+    pub fn adopt(
+        &self,
+        target: &Path,
+        move_in: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> io::Result<u64> {
         let id = self.next_id();
         self.write_record(id, target, false)?;
         let data = self.data_path(id);
-        if let Err(e) = std::fs::rename(src, &data) {
+        if let Err(e) = move_in(&data) {
             let _ = std::fs::remove_file(self.dir.join(path_name(id)));
             return Err(e);
         }

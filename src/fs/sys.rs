@@ -1,16 +1,13 @@
 //! Small libc helpers: C paths, return codes, the owner of new entries,
 //! `utimensat` times.
 
+use super::beneath::Beneath;
+use super::spool::SPOOL_DIR;
 use super::{Caller, FsError, Result, SetTime};
 use std::fs::Metadata;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-
-pub(super) fn cpath(p: &Path) -> Result<std::ffi::CString> {
-    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| FsError::NulInPath)
-}
 
 pub(super) fn check(rc: libc::c_int) -> Result<()> {
     if rc == 0 {
@@ -27,8 +24,15 @@ pub(super) fn is_root() -> bool {
 
 /// Gives a new entry the caller's ownership, as a local filesystem does
 /// (the group of a set-group-ID parent directory wins).
-pub(super) fn set_owner(path: &Path, caller: Caller, parent: &Metadata) -> Result<()> {
-    if !is_root() {
+/// Nothing to do when the entry was made as the caller (`--allow-other`):
+/// the kernel gave it the caller's ownership already.
+pub(super) fn set_owner(
+    store: &Beneath,
+    rel: &Path,
+    caller: Caller,
+    parent: &Metadata,
+) -> Result<()> {
+    if !is_root() || super::beneath::acting_for_caller() && !rel.starts_with(SPOOL_DIR) {
         return Ok(());
     }
     let gid = if parent.mode() & libc::S_ISGID != 0 {
@@ -36,9 +40,7 @@ pub(super) fn set_owner(path: &Path, caller: Caller, parent: &Metadata) -> Resul
     } else {
         caller.gid
     };
-    let c = cpath(path)?;
-    // SAFETY: `c` is a valid NUL-terminated path.
-    check(unsafe { libc::lchown(c.as_ptr(), caller.uid, gid) })
+    Ok(store.lchown(rel, caller.uid, gid)?)
 }
 
 pub(super) fn timespec(t: Option<SetTime>) -> libc::timespec {

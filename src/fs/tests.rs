@@ -32,6 +32,7 @@ fn fs_over(store: &Path, cache: u64) -> CheckpointFs {
         ttl: Duration::from_secs(1),
         read_only: false,
         require_checksums: false,
+        allow_other: false,
     })
     .unwrap()
 }
@@ -43,6 +44,7 @@ fn fs_read_only(store: &Path) -> CheckpointFs {
         ttl: Duration::from_secs(1),
         read_only: true,
         require_checksums: false,
+        allow_other: false,
     })
     .unwrap()
 }

@@ -15,6 +15,7 @@ fn fs_over(store: &Path) -> CheckpointFs {
         ttl: Duration::from_secs(1),
         read_only: false,
         require_checksums: false,
+        allow_other: false,
     })
     .unwrap()
 }

@@ -34,7 +34,7 @@ impl CheckpointFs {
             | NodeKind::BlzFile { .. } => return Ok(Vec::new()),
             NodeKind::Archive => {}
         }
-        let m = std::fs::symlink_metadata(self.full(&inode)?).map_err(not_found_is)?;
+        let m = self.store.lstat(&self.rel(&inode)?).map_err(not_found_is)?;
         if (m.dev(), m.ino()) != inode.identity() {
             return Err(FsError::Stale);
         }

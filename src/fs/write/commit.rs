@@ -150,22 +150,23 @@ impl CheckpointFs {
     ) -> Result<()> {
         let name = entry.target.file_name().ok_or(FsError::NotFound)?;
         let dir_rel = entry.target.parent().unwrap_or(Path::new(""));
-        let dir = self.store.join(dir_rel);
-        if !dir.is_dir() {
+        if !self.store.is_dir(dir_rel) {
             // Removed in STORE behind the mount's back: never drop data.
-            std::fs::create_dir_all(&dir)?;
+            self.store.create_dir_all(dir_rel)?;
         }
         let (backing, kind) = if compressed {
-            let zname = self.archive_name_in(&dir, name);
-            std::fs::rename(spool.tmp_path(id), dir.join(&zname))?;
+            let zname = self.archive_name_in(dir_rel, name);
+            self.store
+                .rename_in(&spool.tmp_path(id), &dir_rel.join(&zname))?;
             (zname, NodeKind::Archive)
         } else {
-            std::fs::rename(spool.data_path(id), dir.join(name))?;
+            self.store
+                .rename_in(&spool.data_path(id), &dir_rel.join(name))?;
             (name.to_os_string(), NodeKind::Plain)
         };
-        crate::fsutil::sync_dir(&dir)?;
+        self.store.sync_dir(dir_rel)?;
         self.clear_name(dir_rel, name, Some(&backing), Some(id))?;
-        let m = std::fs::symlink_metadata(dir.join(&backing))?;
+        let m = self.store.lstat(&dir_rel.join(&backing))?;
         if let Some(inode) = entry.ino.and_then(|i| self.inodes.get(i)) {
             if inode.kind() == (NodeKind::Staged { id }) {
                 inode.rebase(backing, kind, (m.dev(), m.ino()));
@@ -186,7 +187,7 @@ impl CheckpointFs {
     pub(super) fn archive_name_in(&self, dir: &Path, name: &OsStr) -> OsString {
         let cands = namespace::archive_candidates(name);
         if let Some(long) = cands.first() {
-            if std::fs::symlink_metadata(dir.join(long)).is_ok_and(|m| m.is_file())
+            if self.store.lstat(&dir.join(long)).is_ok_and(|m| m.is_file())
                 && namespace::presented_name(long).as_deref() == Some(name)
             {
                 return long.clone();

@@ -8,11 +8,12 @@ use super::open::backing_flags;
 use crate::fs::inode::{Inode, NodeKind};
 use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
-use crate::fs::sys::{check, cpath, set_owner};
+use crate::fs::spool::Spool;
+use crate::fs::sys::set_owner;
 use crate::fs::{Caller, CheckpointFs, Entry, FsError, Opened, Result};
 use std::ffi::OsStr;
-use std::fs::{Metadata, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs::Metadata;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 impl CheckpointFs {
@@ -38,13 +39,13 @@ impl CheckpointFs {
             Err(e) => return Err(e),
         }
         self.check_new_name(&rel, name, false)?;
-        let dir = self.store.join(&rel);
-        let dm = std::fs::metadata(&dir).map_err(not_found_is)?;
+        let dm = self.store.lstat(&rel).map_err(not_found_is)?;
         let _g = self.ns.lock();
         let spool = self.spool()?;
         if namespace::is_staging_name(name) {
+            self.store.may_write_dir(&rel)?;
             let (id, file) = spool.create(&rel.join(name), mode, flags)?;
-            if let Err(e) = set_owner(&spool.data_path(id), caller, &dm) {
+            if let Err(e) = set_owner(&self.store, &Spool::data_rel(id), caller, &dm) {
                 let _ = spool.remove(id);
                 return Err(e);
             }
@@ -60,18 +61,21 @@ impl CheckpointFs {
             let entry = self.entry_of(&inode, &m)?;
             Ok((entry, opened))
         } else {
-            let path = dir.join(name);
+            let path = rel.join(name);
             let acc = flags & libc::O_ACCMODE;
-            let file = OpenOptions::new()
-                .read(acc != libc::O_WRONLY)
-                .write(acc != libc::O_RDONLY)
-                .mode(mode & 0o7777)
-                // Not `create_new`: std refuses it without write access,
-                // and open(O_CREAT | O_RDONLY) is valid.
-                .custom_flags(backing_flags(flags) | libc::O_CREAT | libc::O_EXCL)
-                .open(&path)?;
-            if let Err(e) = set_owner(&path, caller, &dm) {
-                let _ = std::fs::remove_file(&path);
+            let oacc = match (acc != libc::O_WRONLY, acc != libc::O_RDONLY) {
+                (true, true) => libc::O_RDWR,
+                (false, true) => libc::O_WRONLY,
+                _ => libc::O_RDONLY,
+            };
+            // open(O_CREAT | O_RDONLY) is valid.
+            let file = self.store.open_file(
+                &path,
+                oacc | backing_flags(flags) | libc::O_CREAT | libc::O_EXCL,
+                mode & 0o7777,
+            )?;
+            if let Err(e) = set_owner(&self.store, &path, caller, &dm) {
+                let _ = self.store.unlink(&path);
                 return Err(e);
             }
             let m = file.metadata()?;
@@ -122,10 +126,8 @@ impl CheckpointFs {
             return Ok(e);
         }
         let (path, dm) = self.new_entry(parent, name, false)?;
-        let c = cpath(&path)?;
-        // SAFETY: `c` is a valid NUL-terminated path.
-        check(unsafe { libc::mknod(c.as_ptr(), mode, rdev as libc::dev_t) })?;
-        set_owner(&path, caller, &dm)?;
+        self.store.mknod(&path, mode, rdev as u64)?;
+        set_owner(&self.store, &path, caller, &dm)?;
         self.lookup(parent, name)
     }
 
@@ -137,18 +139,14 @@ impl CheckpointFs {
         if self.resolve(&p, name).is_ok() {
             return Err(FsError::Exists);
         }
-        let d = self.store.join(&rel);
-        let dm = std::fs::metadata(&d).map_err(not_found_is)?;
-        Ok((d.join(name), dm))
+        let dm = self.store.lstat(&rel).map_err(not_found_is)?;
+        Ok((rel.join(name), dm))
     }
 
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> Result<Entry> {
         let (path, dm) = self.new_entry(parent, name, true)?;
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .mode(mode & 0o7777)
-            .create(&path)?;
-        set_owner(&path, caller, &dm)?;
+        self.store.mkdir(&path, mode & 0o7777)?;
+        set_owner(&self.store, &path, caller, &dm)?;
         // mkdir(2) ignores set-ID bits of mode except as the fs decides;
         // keep what the backing filesystem did.
         self.lookup(parent, name)
@@ -162,8 +160,8 @@ impl CheckpointFs {
         caller: Caller,
     ) -> Result<Entry> {
         let (path, dm) = self.new_entry(parent, name, false)?;
-        std::os::unix::fs::symlink(target, &path)?;
-        set_owner(&path, caller, &dm)?;
+        self.store.symlink(target, &path)?;
+        set_owner(&self.store, &path, caller, &dm)?;
         self.lookup(parent, name)
     }
 
@@ -187,7 +185,7 @@ impl CheckpointFs {
             return Err(FsError::Exists);
         }
         let _g = self.ns.lock();
-        std::fs::hard_link(self.full(&inode)?, self.store.join(&rel).join(newname))?;
+        self.store.link(&self.rel(&inode)?, &rel.join(newname))?;
         self.lookup_locked(newparent, newname)
     }
 }

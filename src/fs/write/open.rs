@@ -6,6 +6,7 @@
 //! opened; a writer registers in `writers` before waiting out a running
 //! compression of its file.
 
+use crate::fs::beneath::Beneath;
 use crate::fs::handles::{Handle, PlainHandle};
 use crate::fs::inode::{Inode, NodeKind};
 use crate::fs::namespace;
@@ -13,9 +14,9 @@ use crate::fs::resolve::not_found_is;
 use crate::fs::spool::Spool;
 use crate::fs::sys::check;
 use crate::fs::{CheckpointFs, FsError, Opened, Result};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 /// Open flags passed on to a backing file opened for writing.
@@ -23,14 +24,14 @@ pub(super) fn backing_flags(flags: i32) -> i32 {
     flags & (libc::O_APPEND | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME)
 }
 
-fn open_backing(path: &Path, flags: i32) -> io::Result<File> {
+fn open_backing(store: &Beneath, rel: &Path, flags: i32) -> io::Result<File> {
     let acc = flags & libc::O_ACCMODE;
-    OpenOptions::new()
-        .read(acc == libc::O_RDONLY || acc == libc::O_RDWR)
-        .write(acc == libc::O_WRONLY || acc == libc::O_RDWR)
-        .truncate(flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY)
-        .custom_flags(backing_flags(flags))
-        .open(path)
+    let trunc = if flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
+        libc::O_TRUNC
+    } else {
+        0
+    };
+    store.open_file(rel, acc | trunc | backing_flags(flags), 0)
 }
 
 fn writes(flags: i32) -> bool {
@@ -51,8 +52,8 @@ impl CheckpointFs {
             }
             NodeKind::BlzFile { .. } => Err(FsError::ReadOnly),
             NodeKind::Plain => {
-                let path = self.full(&inode)?;
-                let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+                let rel = self.rel(&inode)?;
+                let m = self.store.lstat(&rel).map_err(not_found_is)?;
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
@@ -60,7 +61,7 @@ impl CheckpointFs {
                     let id = self.stage_plain(spool, &inode)?;
                     return self.open_staged(spool, &inode, id, flags);
                 }
-                let file = open_backing(&path, flags).map_err(not_found_is)?;
+                let file = open_backing(&self.store, &rel, flags).map_err(not_found_is)?;
                 let writer = writes(flags).then_some(inode.identity());
                 if let Some(w) = writer {
                     self.add_writer(w);
@@ -95,7 +96,7 @@ impl CheckpointFs {
                 return Err(FsError::Stale);
             }
         }
-        let file = match open_backing(&spool.data_path(id), flags) {
+        let file = match open_backing(&self.store, &Spool::data_rel(id), flags) {
             Ok(f) => f,
             Err(e) => {
                 if writer {

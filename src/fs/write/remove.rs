@@ -4,6 +4,7 @@
 //! present it and a plain file of that name. A directory holding staged
 //! files is not empty.
 
+use crate::fs::beneath::Beneath;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
@@ -11,8 +12,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
 
-fn remove_if_exists(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
+fn remove_if_exists(store: &Beneath, rel: &Path) -> Result<()> {
+    match store.unlink(rel) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FsError::Io(e)),
         _ => Ok(()),
     }
@@ -27,7 +28,7 @@ impl CheckpointFs {
             NodeKind::Directory | NodeKind::Blz => return Err(FsError::IsADirectory),
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
             NodeKind::Plain => {
-                std::fs::remove_file(self.store.join(&rel).join(&backing))?;
+                self.store.unlink(&rel.join(&backing))?;
             }
             NodeKind::Archive | NodeKind::Staged { .. } => {
                 self.clear_name(&rel, name, None, None)?;
@@ -55,7 +56,7 @@ impl CheckpointFs {
         if !self.spool()?.ids_under(&drel).is_empty() {
             return Err(FsError::NotEmpty);
         }
-        std::fs::remove_dir(self.store.join(&drel))?;
+        self.store.rmdir(&drel)?;
         self.inodes.remove_name(parent, name);
         Ok(())
     }
@@ -70,7 +71,6 @@ impl CheckpointFs {
         keep: Option<&OsStr>,
         keep_id: Option<u64>,
     ) -> Result<()> {
-        let dir = self.store.join(dir_rel);
         if let Some(s) = &self.spool {
             if let Some((id, _)) = s.find(&dir_rel.join(name)) {
                 if Some(id) != keep_id {
@@ -90,9 +90,9 @@ impl CheckpointFs {
             if Some(n.as_os_str()) == keep {
                 continue;
             }
-            let p = dir.join(&n);
-            match std::fs::symlink_metadata(&p) {
-                Ok(m) if !m.is_dir() => remove_if_exists(&p)?,
+            let p = dir_rel.join(&n);
+            match self.store.lstat(&p) {
+                Ok(m) if !m.is_dir() => remove_if_exists(&self.store, &p)?,
                 _ => {}
             }
         }

@@ -62,8 +62,6 @@ impl CheckpointFs {
                 return Err(FsError::NotEmpty);
             }
         }
-        let src_dir = self.store.join(&rel);
-        let dst_dir = self.store.join(&nrel);
         let identity = (meta.dev(), meta.ino());
         let staging = namespace::is_staging_name(newname);
         // A staged version the new name showed before: removed once the
@@ -75,7 +73,8 @@ impl CheckpointFs {
             .filter(|_| dst.is_some());
         let (new_backing, new_kind, new_identity) = match kind {
             NodeKind::Directory => {
-                std::fs::rename(src_dir.join(&backing), dst_dir.join(newname))?;
+                self.store
+                    .rename(&rel.join(&backing), &nrel.join(newname))?;
                 spool.move_dir(&rel.join(name), &nrel.join(newname))?;
                 (newname.to_os_string(), kind, identity)
             }
@@ -86,17 +85,21 @@ impl CheckpointFs {
                 }
                 let mut b = newname.to_os_string();
                 b.push(".blz");
-                if std::fs::symlink_metadata(dst_dir.join(&b)).is_ok() {
+                if self.store.lstat(&nrel.join(&b)).is_ok() {
                     return Err(FsError::Exists);
                 }
-                std::fs::rename(src_dir.join(&backing), dst_dir.join(&b))?;
+                self.store.rename(&rel.join(&backing), &nrel.join(&b))?;
                 (b, kind, identity)
             }
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
             NodeKind::Plain if staging && meta.is_file() => {
                 // `a.safetensors.incomplete` -> `a.safetensors`: a new
                 // compression candidate.
-                let id = spool.adopt(&nrel.join(newname), &src_dir.join(&backing))?;
+                self.store.may_write_dir(&rel)?;
+                self.store.may_write_dir(&nrel)?;
+                let id = spool.adopt(&nrel.join(newname), |d| {
+                    self.store.rename_out(&rel.join(&backing), d)
+                })?;
                 self.clear_name(&nrel, newname, None, Some(id))?;
                 remove_replaced(spool, replaced_staged, id)?;
                 if self.writer_count(identity) == 0 {
@@ -105,7 +108,8 @@ impl CheckpointFs {
                 (newname.to_os_string(), NodeKind::Staged { id }, identity)
             }
             NodeKind::Plain => {
-                std::fs::rename(src_dir.join(&backing), dst_dir.join(newname))?;
+                self.store
+                    .rename(&rel.join(&backing), &nrel.join(newname))?;
                 self.clear_name(&nrel, newname, Some(newname), None)?;
                 (newname.to_os_string(), kind, identity)
             }
@@ -119,15 +123,16 @@ impl CheckpointFs {
             }
             NodeKind::Staged { id } => {
                 spool.bump(id);
-                std::fs::rename(spool.data_path(id), dst_dir.join(newname))?;
+                self.store
+                    .rename_in(&spool.data_path(id), &nrel.join(newname))?;
                 spool.forget(id)?;
                 self.clear_name(&rel, name, None, None)?;
                 self.clear_name(&nrel, newname, Some(newname), None)?;
                 (newname.to_os_string(), NodeKind::Plain, identity)
             }
             NodeKind::Archive if staging => {
-                let z = self.archive_name_in(&dst_dir, newname);
-                std::fs::rename(src_dir.join(&backing), dst_dir.join(&z))?;
+                let z = self.archive_name_in(&nrel, newname);
+                self.store.rename(&rel.join(&backing), &nrel.join(&z))?;
                 self.clear_name(&nrel, newname, Some(&z), None)?;
                 (z, kind, identity)
             }
@@ -135,9 +140,9 @@ impl CheckpointFs {
             // EXDEV makes mv(1) and shutil.move copy (decoding) instead.
             NodeKind::Archive => return Err(FsError::CopyInstead),
         };
-        crate::fsutil::sync_dir(&dst_dir)?;
+        self.store.sync_dir(&nrel)?;
         if rel != nrel {
-            crate::fsutil::sync_dir(&src_dir)?;
+            self.store.sync_dir(&rel)?;
         }
         match self.inodes.find(parent, name) {
             Some(i) => {

@@ -7,9 +7,8 @@ use crate::fs::handles::{Handle, PlainHandle};
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
-use crate::fs::sys::{check, cpath, timespec};
+use crate::fs::sys::timespec;
 use crate::fs::{Attr, CheckpointFs, FsError, Result, SetAttr};
-use std::fs::OpenOptions;
 
 impl CheckpointFs {
     /// `setattr`: mode, owner, size and times, through `fh` when given.
@@ -37,17 +36,17 @@ impl CheckpointFs {
                 NodeKind::Plain
                     if namespace::is_staging_name(&inode.loc().name) && handle_file.is_none() =>
                 {
-                    let path = self.full(&inode)?;
-                    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                    let rel = self.rel(&inode)?;
+                    if self.store.lstat(&rel).is_ok_and(|m| m.is_file()) {
                         let id = self.stage_plain(spool, &inode)?;
                         self.truncate_staged(spool, id, size, None)?;
                     }
                 }
                 NodeKind::Plain => match &handle_file {
                     Some(f) => f.set_len(size)?,
-                    None => OpenOptions::new()
-                        .write(true)
-                        .open(self.full(&inode)?)
+                    None => self
+                        .store
+                        .open_file(&self.rel(&inode)?, libc::O_WRONLY, 0)
                         .map_err(not_found_is)?
                         .set_len(size)?,
                 },
@@ -63,29 +62,18 @@ impl CheckpointFs {
                 }
             }
         }
-        let path = self.full(&inode)?;
-        let c = cpath(&path)?;
+        let rel = self.rel(&inode)?;
         if a.uid.is_some() || a.gid.is_some() {
             let uid = a.uid.unwrap_or(u32::MAX);
             let gid = a.gid.unwrap_or(u32::MAX);
-            // SAFETY: `c` is a valid NUL-terminated path.
-            check(unsafe { libc::lchown(c.as_ptr(), uid, gid) })?;
+            self.store.lchown(&rel, uid, gid)?;
         }
         if let Some(mode) = a.mode {
-            // SAFETY: `c` is a valid NUL-terminated path.
-            check(unsafe { libc::chmod(c.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
+            self.store.chmod(&rel, mode & 0o7777)?;
         }
         if a.atime.is_some() || a.mtime.is_some() {
-            let ts = [timespec(a.atime), timespec(a.mtime)];
-            // SAFETY: `c` is a valid path and `ts` two timespecs.
-            check(unsafe {
-                libc::utimensat(
-                    libc::AT_FDCWD,
-                    c.as_ptr(),
-                    ts.as_ptr(),
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            })?;
+            self.store
+                .utimens(&rel, &[timespec(a.atime), timespec(a.mtime)])?;
         }
         self.getattr_fh(ino, fh)
     }

@@ -27,7 +27,9 @@ impl CheckpointFs {
         let l = inode.loc();
         let parent = self.inode(l.parent)?;
         let target = self.rel(&parent)?.join(&l.name);
-        let id = spool.adopt(&target, &self.full(inode)?)?;
+        let rel = self.rel(inode)?;
+        self.store.may_write_dir(rel.parent().unwrap_or(&rel))?;
+        let id = spool.adopt(&target, |d| self.store.rename_out(&rel, d))?;
         spool.set_ino(id, inode.ino);
         let identity = spool.entry(id).ok_or(FsError::Stale)?.identity;
         inode.rebase(l.name.clone(), NodeKind::Staged { id }, identity);
@@ -48,7 +50,7 @@ impl CheckpointFs {
             return Ok(id);
         }
         let path = self.full(inode)?;
-        let m = std::fs::symlink_metadata(&path).map_err(not_found_is)?;
+        let m = self.store.lstat(&self.rel(inode)?).map_err(not_found_is)?;
         if (m.dev(), m.ino()) != inode.identity() {
             return Err(FsError::Stale);
         }
