@@ -238,12 +238,22 @@ impl Spool {
         let dst = self.dir.join(path_name(id));
         if replace {
             let tmp = self.dir.join(format!("{}.tmp", path_name(id)));
-            let mut f = File::create(&tmp)?;
+            // The daemon runs with umask 0: records are private by mode.
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
             f.write_all(target.as_os_str().as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, &dst)
         } else {
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&dst)?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&dst)?;
             f.write_all(target.as_os_str().as_bytes())
         }
     }

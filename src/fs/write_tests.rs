@@ -115,6 +115,14 @@ fn written_safetensors_is_staged_then_compressed_after_close() {
     // Closed, not yet compressed: served from the spool, invisible in STORE.
     assert_eq!(names(d.path()), vec![SPOOL_DIR.to_string()]);
     assert_eq!(spool_names(d.path()).len(), 2);
+    // The record of the presented path is private to the daemon.
+    for n in spool_names(d.path()) {
+        if n.ends_with(".path") {
+            use std::os::unix::fs::PermissionsExt;
+            let m = std::fs::metadata(d.path().join(SPOOL_DIR).join(&n)).unwrap();
+            assert_eq!(m.permissions().mode() & 0o777, 0o600, "{n}");
+        }
+    }
     assert_eq!(read_ino(&fs, ino), bytes);
     fs.run_writeback();
     assert_eq!(names(d.path()), vec![SPOOL_DIR, "m.zstn"]);
