@@ -16,6 +16,7 @@ use super::inode::{Inode, InodeState};
 use super::resolve::not_found_is;
 use super::{CheckpointFs, FsError, Result};
 use crate::archive::{self, ArchiveView};
+use crate::fs::Identity;
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -79,17 +80,31 @@ impl CheckpointFs {
         if let Some(s) = seen(&st) {
             return Ok(s);
         }
+        let (slot, _) = self.parse_backing(&rel, &path, identity, false)?;
+        st.archive = Some(slot.clone());
+        Ok(slot)
+    }
+
+    /// Opens the backing file `rel` (which must still be `identity`) and
+    /// parses the version it holds: the one open-and-parse path of every
+    /// archive inode, presented as a file or (`directory`) a directory.
+    pub(super) fn parse_backing(
+        &self,
+        rel: &Path,
+        path: &Path,
+        identity: Identity,
+        directory: bool,
+    ) -> Result<(Slot, Metadata)> {
         let file = self
             .store
-            .open_file(&rel, libc::O_RDONLY, 0)
+            .open_file(rel, libc::O_RDONLY, 0)
             .map_err(not_found_is)?;
         let fm = file.metadata()?;
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
-        let slot = parse_version(&file, &fm, &path, false, self.require_checksums);
-        st.archive = Some(slot.clone());
-        Ok(slot)
+        let slot = parse_version(&file, &fm, path, directory, self.require_checksums);
+        Ok((slot, fm))
     }
 }
 

@@ -16,7 +16,7 @@
 //! listed as a directory; `opendir` and `lookup` in it fail with EIO and log
 //! the file and reason. Nothing inside can be changed (EROFS).
 
-use super::archive_slot::{parse_version, version_of, Slot};
+use super::archive_slot::{version_of, Slot};
 use super::attr::attr_from_meta;
 use super::dir::dot_entries;
 use super::handles::{DirItem, Handle};
@@ -71,15 +71,7 @@ impl CheckpointFs {
                 return Ok((s.clone(), m));
             }
         }
-        let file = self
-            .store
-            .open_file(&rel, libc::O_RDONLY, 0)
-            .map_err(not_found_is)?;
-        let fm = file.metadata()?;
-        if (fm.dev(), fm.ino()) != identity {
-            return Err(FsError::Stale);
-        }
-        let slot = parse_version(&file, &fm, &path, true, self.require_checksums);
+        let (slot, fm) = self.parse_backing(&rel, &path, identity, true)?;
         st.blz = Some(slot.clone());
         Ok((slot, fm))
     }
