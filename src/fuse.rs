@@ -80,6 +80,7 @@ impl CheckpointFuse {
                 fh,
                 file,
                 passthrough,
+                direct_io,
             } => {
                 if passthrough && self.passthrough.load(Ordering::Relaxed) {
                     let mut b = self.backing.lock();
@@ -101,7 +102,12 @@ impl CheckpointFuse {
                         }
                     }
                 }
-                (fh, FopenFlags::empty(), None)
+                let f = if direct_io {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::empty()
+                };
+                (fh, f, None)
             }
         }
     }

@@ -90,7 +90,18 @@ impl CheckpointFs {
         file: File,
         writer: Option<Identity>,
         passthrough: bool,
+        flags: i32,
     ) -> Opened {
+        // An O_DIRECT open is served here, not passed through: the kernel
+        // opens the backing file with the opener's flags, and an O_DIRECT
+        // later cleared with fcntl(F_SETFL) would still apply to it
+        // (unaligned I/O then fails with EINVAL). Served here (pread and
+        // pwrite on a backing file opened without O_DIRECT), any alignment
+        // works either way. Only when other opens of the inode are already
+        // passed through (the kernel refuses to mix) does it stay passed
+        // through.
+        let direct = flags & libc::O_DIRECT != 0;
+        let passthrough = passthrough && (!direct || self.has_passthrough_opens(ino));
         let identity = file
             .metadata()
             .map(|m| (m.dev(), m.ino()))
@@ -107,7 +118,16 @@ impl CheckpointFs {
             fh,
             file,
             passthrough,
+            direct_io: direct && !passthrough,
         }
+    }
+
+    /// Whether `ino` has plain handles passed through to the kernel.
+    fn has_passthrough_opens(&self, ino: u64) -> bool {
+        self.handles
+            .read()
+            .values()
+            .any(|h| matches!(&**h, Handle::Plain(p) if p.ino == ino && !p.cached))
     }
 
     /// Whether `ino` has handles the kernel serves through its page cache

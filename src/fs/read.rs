@@ -92,8 +92,8 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                let passthrough = inode.kind() == NodeKind::Plain || !self.has_cached_opens(ino);
-                Ok(self.plain_handle(ino, file, None, passthrough))
+                let passthrough = !self.has_cached_opens(ino);
+                Ok(self.plain_handle(ino, file, None, passthrough, flags))
             }
             NodeKind::Archive => {
                 let m = self.store.lstat(&self.rel(&inode)?).map_err(not_found_is)?;

@@ -73,6 +73,9 @@ pub enum Opened {
         fh: u64,
         file: Arc<File>,
         passthrough: bool,
+        /// Served here without the page cache (`FOPEN_DIRECT_IO`): an
+        /// `O_DIRECT` open that is not passed through.
+        direct_io: bool,
     },
 }
 

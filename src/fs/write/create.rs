@@ -57,7 +57,7 @@ impl CheckpointFs {
             spool.set_ino(id, inode.ino);
             self.add_writer(identity);
             spool.bump(id);
-            let opened = self.plain_handle(inode.ino, file, Some(identity), true);
+            let opened = self.plain_handle(inode.ino, file, Some(identity), true, flags);
             let entry = self.entry_of(&inode, &m)?;
             Ok((entry, opened))
         } else {
@@ -87,7 +87,7 @@ impl CheckpointFs {
             if let Some(w) = writer {
                 self.add_writer(w);
             }
-            let opened = self.plain_handle(inode.ino, file, writer, true);
+            let opened = self.plain_handle(inode.ino, file, writer, true, flags);
             let entry = self.entry_of(&inode, &m)?;
             Ok((entry, opened))
         }

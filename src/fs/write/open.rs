@@ -66,7 +66,8 @@ impl CheckpointFs {
                 if let Some(w) = writer {
                     self.add_writer(w);
                 }
-                Ok(self.plain_handle(ino, file, writer, true))
+                let passthrough = !self.has_cached_opens(ino);
+                Ok(self.plain_handle(ino, file, writer, passthrough, flags))
             }
             NodeKind::Staged { id } => self.open_staged(spool, &inode, id, flags),
             NodeKind::Archive => {
@@ -111,6 +112,7 @@ impl CheckpointFs {
             file,
             writer.then_some(entry.identity),
             passthrough,
+            flags,
         ))
     }
 
