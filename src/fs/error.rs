@@ -93,8 +93,8 @@ impl FsError {
             // A `.blz` always has content; a directory may hold staged files
             // that STORE does not show.
             FsError::NotEmpty => libc::ENOTEMPTY,
-            // An archive can only be presented as `X.safetensors`, a `.blz`
-            // not over another entry; mv(1) and shutil.move copy on EXDEV.
+            // An archive can only be presented as `X.safetensors`;
+            // mv(1) and shutil.move copy on EXDEV.
             FsError::CopyInstead => libc::EXDEV,
             // open(2)'s errno for an access mode of both O_WRONLY and O_RDWR.
             FsError::BadAccessMode => libc::EINVAL,
