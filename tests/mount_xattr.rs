@@ -183,3 +183,34 @@ fn archive_xattrs_answer_by_name_but_are_not_copied() {
         .all(|n| !n.starts_with("user.ckptfs.")));
     assert!(get(&x, "user.ckptfs.ratio").is_ok());
 }
+
+#[test]
+fn ckptfs_info_prints_the_attributes_of_a_mounted_archive() {
+    let m = Mount::new(
+        |s| {
+            populate_store(s);
+        },
+        &[],
+    );
+    let x = m.path("packed_bf16_dense.safetensors");
+    let out = common::ckptfs(&["info", x.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ratio = String::from_utf8(get(&x, "user.ckptfs.ratio").unwrap()).unwrap();
+    for name in [
+        "user.ckptfs.format",
+        "user.ckptfs.stored_size",
+        "user.ckptfs.checksums",
+    ] {
+        assert!(text.contains(name), "{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.contains("user.ckptfs.ratio") && l.ends_with(&ratio)),
+        "{text}"
+    );
+}
