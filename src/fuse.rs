@@ -612,6 +612,31 @@ impl Filesystem for CheckpointFuse {
         }
     }
 
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
+        match self.fs.setxattr(ino.0, name, value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
+        match self.fs.removexattr(ino.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Permission checks are the kernel's (`default_permissions`).
         reply.ok();

@@ -318,3 +318,54 @@ fn read_only_flag_refuses_writes() {
         "no spool in a read-only mount"
     );
 }
+
+#[test]
+fn mv_of_a_blz_directory_renames_the_archive() {
+    let m = Mount::new(
+        |store| {
+            let src = store.join("../model-src");
+            std::fs::create_dir_all(src.join("sub")).unwrap();
+            std::fs::write(src.join("config.json"), b"{\"a\": 1}\n").unwrap();
+            std::fs::write(src.join("sub/notes.txt"), b"n").unwrap();
+            let o = ckptfs(&[
+                "pack",
+                src.to_str().unwrap(),
+                "-o",
+                store.join("model.blz").to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        },
+        &[],
+    );
+    let before = names(&m.path("model"));
+    // Over an empty directory: replaced, as rename(2) replaces directories.
+    std::fs::create_dir(m.path("emptydir")).unwrap();
+    let out = Command::new("mv")
+        .arg("-T")
+        .arg(m.path("model"))
+        .arg(m.path("emptydir"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(names(&m.store), vec![".ckptfs-spool", "emptydir.blz"]);
+    assert_eq!(names(&m.path("emptydir")), before);
+    assert_eq!(
+        std::fs::read(m.path("emptydir/sub/notes.txt")).unwrap(),
+        b"n"
+    );
+    // Over a non-empty directory: ENOTEMPTY, nothing moves.
+    std::fs::create_dir(m.path("full")).unwrap();
+    std::fs::write(m.path("full/f"), b"f").unwrap();
+    let r = std::fs::rename(m.path("emptydir"), m.path("full"));
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    assert!(m.store.join("emptydir.blz").is_file());
+    // Into another directory: the archive moves there.
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::rename(m.path("emptydir"), m.path("d/m2")).unwrap();
+    assert_eq!(names(&m.store.join("d")), vec!["m2.blz"]);
+    assert_eq!(names(&m.path("d/m2")), before);
+}

@@ -1,4 +1,7 @@
 //! `ckptfs info`: what an archive holds and how well it is compressed.
+//! For a path inside a ckptfs mount, the `user.ckptfs.*` attributes the
+//! mount answers for it (by name: the mount does not list them, so copies
+//! do not carry them).
 
 use super::{open_input, Global, Input, Result};
 use crate::archive::{ArchiveView, ZstnArchive};
@@ -283,6 +286,10 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
     let mut infos = Vec::new();
     let mut failed = false;
     for path in &a.files {
+        if super::mount::in_ckptfs_mount(path) {
+            print_mounted(path, a.json);
+            continue;
+        }
         if super::blz::is_blz(path) {
             if let Err(e) = super::blz::info(path, a.json) {
                 eprintln!("ckptfs: {e}");
@@ -319,4 +326,58 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The `user.ckptfs.*` attributes a mount answers for `path` (asked by
+/// name), printed as `name value` lines or one JSON object.
+fn print_mounted(path: &std::path::Path, json: bool) {
+    use crate::fs::{XATTR_CHECKSUMS, XATTR_ERROR, XATTR_FORMAT, XATTR_RATIO, XATTR_STORED_SIZE};
+    let attrs: BTreeMap<&str, String> = [
+        XATTR_FORMAT,
+        XATTR_STORED_SIZE,
+        XATTR_RATIO,
+        XATTR_CHECKSUMS,
+        XATTR_ERROR,
+    ]
+    .into_iter()
+    .filter_map(|n| {
+        let v = getxattr(path, n).ok()?;
+        Some((n, String::from_utf8_lossy(&v).into_owned()))
+    })
+    .collect();
+    if json {
+        let v = serde_json::json!({ "file": path.display().to_string(), "xattrs": attrs });
+        println!("{v}");
+        return;
+    }
+    println!("{}", path.display());
+    if attrs.is_empty() {
+        println!("  (in a ckptfs mount; not an archive: no user.ckptfs.* attributes)");
+    }
+    for (n, v) in &attrs {
+        println!("  {n:<24}{v}");
+    }
+}
+
+/// The value of extended attribute `name` of `path` (followed).
+fn getxattr(path: &std::path::Path, name: &str) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let invalid = |_| std::io::Error::from_raw_os_error(libc::EINVAL);
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(invalid)?;
+    let n = std::ffi::CString::new(name).map_err(invalid)?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated path and name; `buf` is writable for its length.
+    let r = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
 }

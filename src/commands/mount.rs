@@ -68,29 +68,47 @@ fn default_threads() -> usize {
 }
 
 fn mountinfo_has(mountpoint: &Path) -> bool {
-    let Ok(f) = std::fs::File::open("/proc/self/mountinfo") else {
-        return false;
-    };
     let want = mountpoint
         .as_os_str()
         .to_string_lossy()
         .replace(' ', "\\040");
+    mounts().iter().any(|(m, ckptfs)| *ckptfs && *m == want)
+}
+
+/// The mount points of `/proc/self/mountinfo` (escaped as it writes them),
+/// each with whether it is a ckptfs mount.
+fn mounts() -> Vec<(String, bool)> {
+    let Ok(f) = std::fs::File::open("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
     std::io::BufReader::new(f)
         .lines()
         .map_while(|l| l.ok())
-        .any(|l| {
+        .filter_map(|l| {
             // "... mountpoint opts - fstype source superopts"; fuser mounts
             // with fstype "fuse" (or "fuse.ckptfs" via fusermount).
             let fields: Vec<&str> = l.split(' ').collect();
-            let Some(dash) = fields.iter().position(|f| *f == "-") else {
-                return false;
-            };
-            fields.get(4) == Some(&want.as_str())
-                && fields.get(dash + 1).is_some_and(|t| t.starts_with("fuse"))
+            let dash = fields.iter().position(|f| *f == "-")?;
+            let ckptfs = fields.get(dash + 1).is_some_and(|t| t.starts_with("fuse"))
                 && fields
                     .get(dash + 2)
-                    .is_some_and(|s| s.starts_with("ckptfs:"))
+                    .is_some_and(|s| s.starts_with("ckptfs:"));
+            Some((fields.get(4)?.to_string(), ckptfs))
         })
+        .collect()
+}
+
+/// Whether `path` (which must exist) lies inside a ckptfs mount: the
+/// mount point that is its longest prefix is one.
+pub(super) fn in_ckptfs_mount(path: &Path) -> bool {
+    let Ok(p) = path.canonicalize() else {
+        return false;
+    };
+    mounts()
+        .into_iter()
+        .filter(|(m, _)| p.starts_with(m.replace("\\040", " ")))
+        .max_by_key(|(m, _)| m.len())
+        .is_some_and(|(_, ckptfs)| ckptfs)
 }
 
 pub(super) fn log_path(mountpoint: &Path) -> PathBuf {

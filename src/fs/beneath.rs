@@ -550,11 +550,90 @@ impl Beneath {
             .sync_all()
     }
 
+    /// Runs `f` on the `/proc/self/fd` link of `rel` opened `O_PATH |
+    /// O_NOFOLLOW` (the file itself, never a path looked up again), as the
+    /// caller: the xattr calls have no `*at()` form.
+    fn via_proc<T>(&self, rel: &Path, f: impl FnOnce(&CString) -> io::Result<T>) -> io::Result<T> {
+        let _ids = self.ids_for(rel)?;
+        let fd = self.resolve(rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let p = cstr(OsStr::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())))?;
+        f(&p)
+    }
+
+    /// The value of extended attribute `name` of `rel`.
+    pub fn getxattr(&self, rel: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
+        let n = cstr(name)?;
+        self.via_proc(rel, |p| {
+            read_sized(|buf, len| {
+                // SAFETY: NUL-terminated path and name; `buf` is writable
+                // for `len` bytes (or null with `len` 0).
+                unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len) }
+            })
+        })
+    }
+
+    /// The extended attribute names of `rel`, each NUL-terminated.
+    pub fn listxattr(&self, rel: &Path) -> io::Result<Vec<u8>> {
+        self.via_proc(rel, |p| {
+            read_sized(|buf, len| {
+                // SAFETY: NUL-terminated path; `buf` is writable for `len`
+                // bytes (or null with `len` 0).
+                unsafe { libc::listxattr(p.as_ptr(), buf as *mut libc::c_char, len) }
+            })
+        })
+    }
+
+    pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
+        let n = cstr(name)?;
+        self.via_proc(rel, |p| {
+            // SAFETY: NUL-terminated path and name; `value` is readable for
+            // its length.
+            rc(unsafe {
+                libc::setxattr(
+                    p.as_ptr(),
+                    n.as_ptr(),
+                    value.as_ptr() as *const libc::c_void,
+                    value.len(),
+                    flags,
+                )
+            })
+        })
+    }
+
+    pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {
+        let n = cstr(name)?;
+        self.via_proc(rel, |p| {
+            // SAFETY: NUL-terminated path and name.
+            rc(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
+        })
+    }
+
     pub fn statvfs(&self) -> io::Result<libc::statvfs> {
         // SAFETY: statvfs is plain old data; all-zero bytes are valid.
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: valid descriptor and a writable statvfs.
         rc(unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut s) })?;
         Ok(s)
+    }
+}
+
+/// Calls a `getxattr`-style function first for the size, then with a
+/// buffer of it, again if the value grew in between (ERANGE).
+fn read_sized(mut call: impl FnMut(*mut libc::c_void, usize) -> isize) -> io::Result<Vec<u8>> {
+    loop {
+        let n = call(std::ptr::null_mut(), 0);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; n as usize];
+        let m = call(buf.as_mut_ptr() as *mut libc::c_void, buf.len());
+        if m >= 0 {
+            buf.truncate(m as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
     }
 }

@@ -29,6 +29,8 @@ pub enum FsError {
     BadHandle(u64),
     #[error("no such extended attribute")]
     NoXattr,
+    #[error("extended attribute not supported here")]
+    XattrUnsupported,
     #[error("{path}: cannot open archive: {reason}")]
     BadArchive { path: PathBuf, reason: Arc<String> },
     #[error("{0}")]
@@ -72,6 +74,9 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle(_) => libc::EBADF,
             FsError::NoXattr => libc::ENODATA,
+            // Archives and `.blz` entries keep no attributes of their own,
+            // and only `user.*` is passed through (doc/SEMANTICS.md).
+            FsError::XattrUnsupported => libc::ENOTSUP,
             // Unreadable or corrupt data is an I/O error for the reader.
             FsError::BadArchive { .. } => libc::EIO,
             FsError::Decode(_) => libc::EIO,
@@ -88,8 +93,8 @@ impl FsError {
             // A `.blz` always has content; a directory may hold staged files
             // that STORE does not show.
             FsError::NotEmpty => libc::ENOTEMPTY,
-            // An archive can only be presented as `X.safetensors`, a `.blz`
-            // not over another entry; mv(1) and shutil.move copy on EXDEV.
+            // An archive can only be presented as `X.safetensors`;
+            // mv(1) and shutil.move copy on EXDEV.
             FsError::CopyInstead => libc::EXDEV,
             // open(2)'s errno for an access mode of both O_WRONLY and O_RDWR.
             FsError::BadAccessMode => libc::EINVAL,

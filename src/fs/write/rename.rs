@@ -4,7 +4,9 @@
 //! and whatever the backing needs: a directory moves with its staged files;
 //! a file renamed to an `X.safetensors` name becomes a compression
 //! candidate (staged), and a staged file renamed away from one is put back
-//! as a plain file; an archive keeps its `.zstn` under the new name. What
+//! as a plain file; an archive keeps its `.zstn` under the new name, a
+//! `.blz` directory `X` renamed to `Y` is STORE's `X.blz` renamed to
+//! `Y.blz` (over an empty directory `Y` too). What
 //! cannot be presented under the new name is refused (see each arm).
 
 use crate::fs::inode::NodeKind;
@@ -79,16 +81,31 @@ impl CheckpointFs {
                 (newname.to_os_string(), kind, identity)
             }
             NodeKind::Blz => {
-                if dst.is_some() {
-                    // Deliberate: see doc/SEMANTICS.md.
-                    return Err(FsError::CopyInstead);
-                }
                 let mut b = newname.to_os_string();
                 b.push(".blz");
                 if self.store.lstat(&nrel.join(&b)).is_ok() {
                     return Err(FsError::Exists);
                 }
-                self.store.rename(&rel.join(&backing), &nrel.join(&b))?;
+                // `X` -> `Y` renames `X.blz` to `Y.blz`. A target that is
+                // an empty directory is replaced, as rename(2) replaces
+                // one directory by another; rmdir answers ENOTEMPTY for a
+                // full one (staged files were checked above). The archive
+                // itself moves in one renameat; if that fails the target
+                // directory is put back.
+                let emptied = match &dst {
+                    Some((_, NodeKind::Directory, dmeta)) => {
+                        let d = nrel.join(newname);
+                        self.store.rmdir(&d)?;
+                        Some((d, dmeta.mode() & 0o7777))
+                    }
+                    _ => None,
+                };
+                if let Err(e) = self.store.rename(&rel.join(&backing), &nrel.join(&b)) {
+                    if let Some((d, mode)) = emptied {
+                        let _ = self.store.mkdir(&d, mode);
+                    }
+                    return Err(e.into());
+                }
                 (b, kind, identity)
             }
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
