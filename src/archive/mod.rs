@@ -156,7 +156,9 @@ impl Kind {
 /// An opened archive of any kind: the files it presents and how to decode
 /// the blocks they are made of. Implementations check every structure at
 /// open and every block's integrity in [`ArchiveView::decode_block`].
-pub trait ArchiveView: Send + Sync {
+/// (`Any`: code that needs one kind's own details, as `info` does, gets
+/// them by downcasting the opened archive instead of opening it again.)
+pub trait ArchiveView: Send + Sync + std::any::Any {
     fn kind(&self) -> Kind;
     /// The archive's path (for messages).
     fn path(&self) -> &Path;

@@ -298,11 +298,11 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
             continue;
         }
         let r = match open_input(path) {
-            // Archives other than .blz are ZSTN: opened again as such for
-            // the container-level details only a .zstn has.
-            Ok(Input::Archive(_)) => ZstnArchive::open(path)
-                .and_then(|ar| archive_info(&ar))
-                .map_err(|e| e.into()),
+            // .blz went above; the container-level details are a .zstn's.
+            Ok(Input::Archive(ar)) => match (&*ar as &dyn std::any::Any).downcast_ref() {
+                Some(z) => archive_info(z).map_err(|e| e.into()),
+                None => Err(anyhow::anyhow!("{}: not a ZSTN archive", path.display())),
+            },
             Ok(Input::Frame(map)) => frame_info(path, &map),
             Err(e) => Err(e),
         };

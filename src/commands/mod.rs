@@ -84,13 +84,13 @@ pub fn open_input(path: &std::path::Path) -> Result<Input> {
     let n = f
         .read(&mut magic)
         .with_context(|| path.display().to_string())?;
-    if let Some(kind) = crate::archive::unsupported_kind(&magic[..n]) {
-        anyhow::bail!(
-            "{}: {kind}: ckptfs does not read this kind of z4ai file (decode it with z4ai)",
-            path.display()
-        );
-    }
-    if crate::archive::Kind::detect(&magic[..n]).is_some() {
+    // Archives, and the z4ai kinds ckptfs names and refuses, are the
+    // archive layer's to open (or to refuse, with the same message as the
+    // mount's).
+    let head = &magic[..n];
+    if crate::archive::Kind::detect(head).is_some()
+        || crate::archive::unsupported_kind(head).is_some()
+    {
         return Ok(Input::Archive(crate::archive::open(path)?));
     }
     match &magic[..n.min(4)] {
