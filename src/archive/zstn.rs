@@ -377,3 +377,49 @@ impl ArchiveView for ZstnArchive {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::frame::MAX_BLOCK_BYTES;
+    use crate::test_support::{z4ai_opaque_frame, zstd_rle_frame, zstn_of_frames};
+
+    fn archive(tensors: &[(&str, u64, Vec<u8>)]) -> ZstnArchive {
+        ZstnArchive::from_bytes(zstn_of_frames(tensors), Path::new("t.zstn")).unwrap()
+    }
+
+    #[test]
+    fn a_whole_frame_block_within_the_limit_decodes() {
+        let frame = z4ai_opaque_frame(1, 3 << 20, &zstd_rle_frame(3 << 20, 7));
+        let a = archive(&[("w", 3 << 20, frame)]);
+        assert_eq!(
+            a.block_len(BlockKey { unit: 0, block: 0 }).unwrap(),
+            3 << 20
+        );
+        let mut buf = vec![0u8; 100];
+        let n = a.read_at(0, a.prefix_len(0) + 12345, &mut buf).unwrap();
+        assert_eq!(&buf[..n], &[7u8; 100][..]);
+    }
+
+    #[test]
+    fn a_block_over_the_limit_is_refused_naming_the_tensor_before_allocating() {
+        let big = 2 * MAX_BLOCK_BYTES;
+        let bomb = z4ai_opaque_frame(1, big, &zstd_rle_frame(big, 0));
+        assert!(bomb.len() < 70_000, "{}", bomb.len());
+        let ok = z4ai_opaque_frame(0, 5, b"hello");
+        let a = archive(&[("ok", 5, ok), ("bomb", big, bomb)]);
+        let e = a.grid(1).unwrap_err().to_string();
+        assert!(
+            e.contains("t.zstn") && e.contains("\"bomb\"") && e.contains("limit"),
+            "{e}"
+        );
+        assert!(a.block_len(BlockKey { unit: 1, block: 0 }).is_err());
+        let mut buf = [0u8; 16];
+        let start = a.prefix_len(0) + 5;
+        assert!(a.read_at(0, start, &mut buf).is_err());
+        // The other tensor still reads.
+        let mut five = [0u8; 5];
+        a.read_at(0, a.prefix_len(0), &mut five).unwrap();
+        assert_eq!(&five, b"hello");
+    }
+}
