@@ -179,7 +179,10 @@ pub(crate) fn decode_frame_block(
         }
     }
     let span = grid.span(b);
-    let mut out = vec![0u8; (span.end - span.start) as usize];
+    // The grid bounds every span by MAX_BLOCK_BYTES; memory may still be
+    // short, which fails this block only.
+    let mut out =
+        crate::codec::zeroed(span.end - span.start, "a block").map_err(BlockError::Codec)?;
     match &access {
         None => frame.decode(&mut out).map_err(BlockError::Codec)?,
         Some(access) => {

@@ -764,10 +764,24 @@ fn parse_palette(bytes: &[u8]) -> Result<PaletteFrame<'_>> {
         (cb, c.rest())
     };
     if count > 0 {
-        if k == 0 || (index_width == 1 && k > 256) || (index_width == 2 && k > 65536) {
+        // z4ai writes the distinct values (so k <= count) with the
+        // narrowest index that holds k (so no wider than the elements):
+        // anything else would let a small frame claim a codebook or an
+        // index larger than its output.
+        if k == 0
+            || u64::from(k) > count
+            || (index_width == 1 && k > 256)
+            || (index_width == 2 && k > 65536)
+        {
             return Err(CodecError::invalid(
                 "ZPL1 frame",
-                format!("{k} codebook entries"),
+                format!("{k} codebook entries for {count} elements"),
+            ));
+        }
+        if index_width > width {
+            return Err(CodecError::invalid(
+                "ZPL1 frame",
+                format!("{index_width}-byte indices for {width}-byte elements"),
             ));
         }
         check_zstd_size(codebook, k as u64 * width as u64, "ZPL1 codebook")?;
