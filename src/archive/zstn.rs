@@ -422,4 +422,17 @@ mod tests {
         a.read_at(0, a.prefix_len(0), &mut five).unwrap();
         assert_eq!(&five, b"hello");
     }
+
+    #[test]
+    fn sizes_that_do_not_add_up_are_refused_at_open_naming_the_file() {
+        use crate::format::zstn::render_head;
+        let frame = z4ai_opaque_frame(0, 40, &[7; 40]);
+        let mut f = render_head(b"{}      ", u64::MAX, false);
+        f.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        f.extend_from_slice(&frame);
+        let e = ZstnArchive::from_bytes(f, Path::new("wrap.zstn"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("wrap.zstn: sizes do not add up"), "{e}");
+    }
 }
