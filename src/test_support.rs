@@ -79,9 +79,17 @@ pub fn zstn_of_frames(tensors: &[(&str, u64, Vec<u8>)]) -> Vec<u8> {
         at += len;
     }
     header.push('}');
-    while header.len() % 8 != 0 {
+    zstn_with_header(&header, tensors)
+}
+
+/// [`zstn_of_frames`] with another header JSON (padded to 8 bytes): the
+/// index still lists `tensors`.
+pub fn zstn_with_header(header: &str, tensors: &[(&str, u64, Vec<u8>)]) -> Vec<u8> {
+    let mut header = header.to_string();
+    while !header.len().is_multiple_of(8) {
         header.push(' ');
     }
+    let at: u64 = tensors.iter().map(|t| t.1).sum();
     let mut v = b"ZSTN".to_vec();
     v.extend_from_slice(&[3, 1]);
     v.extend_from_slice(&(header.len() as u64).to_le_bytes());

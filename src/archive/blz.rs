@@ -18,7 +18,9 @@
 //! open; when it fails, every segment is checked against its tensor's or
 //! file's own digest before it is served (see `trusted`).
 
-use super::frame_block::{block_index, decode_unit_block, frame_grid, shared_grid, GridError};
+use super::frame_block::{
+    block_index, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
@@ -36,7 +38,7 @@ use xxhash_rust::xxh3::xxh3_64;
 struct Unit {
     /// The first file (and tensor) that uses it, for messages.
     name: String,
-    grid: OnceLock<std::result::Result<Arc<Grid>, GridError>>,
+    grid: GridCell,
 }
 
 /// What a segment's decoded bytes must hash to: (range within the

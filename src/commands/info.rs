@@ -105,8 +105,13 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
             });
         }
         Layout::Indexed { records, .. } => {
+            // One map, not a search of the header per record.
+            let entries: std::collections::HashMap<&str, &crate::format::safetensors::TensorEntry> =
+                a.header()
+                    .map(|h| h.tensors.iter().map(|t| (t.name.as_str(), t)).collect())
+                    .unwrap_or_default();
             for (i, r) in records.iter().enumerate() {
-                let entry = a.entry(&r.name);
+                let entry = entries.get(a.record_name(i));
                 let (dtype, shape) =
                     entry.map_or(("?".into(), vec![]), |e| (e.dtype.clone(), e.shape.clone()));
                 let unit = a.unit_of_record(i);
@@ -121,7 +126,7 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
                 };
                 *info.records.entry(record.into()).or_default() += 1;
                 info.tensor_list.push(TensorInfo {
-                    name: r.name.clone(),
+                    name: a.record_name(i).to_string(),
                     dtype,
                     shape,
                     raw_bytes: r.len(),
