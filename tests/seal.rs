@@ -302,7 +302,7 @@ fn a_multi_block_frame_without_checksums_is_sealed_block_by_block() {
     let b = ZstnArchive::from_bytes(s.clone(), Path::new("s")).unwrap();
     for u in 0..a.units() as u32 {
         assert_eq!(
-            b.extension().unwrap().units[u as usize].blocks.len(),
+            b.extension().unwrap().unit_blocks(u as usize).len(),
             a.grid(u).unwrap().blocks()
         );
     }

@@ -18,7 +18,9 @@
 //! open; when it fails, every segment is checked against its tensor's or
 //! file's own digest before it is served (see `trusted`).
 
-use super::frame_block::{block_index, decode_unit_block, frame_grid, shared_grid, GridError};
+use super::frame_block::{
+    block_index, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
@@ -30,13 +32,13 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 /// One blob: its grid, built and checked on first use.
 struct Unit {
     /// The first file (and tensor) that uses it, for messages.
     name: String,
-    grid: OnceLock<std::result::Result<Arc<Grid>, GridError>>,
+    grid: GridCell,
 }
 
 /// What a segment's decoded bytes must hash to: (range within the
@@ -251,35 +253,15 @@ impl BlzArchive {
     }
 
     /// Checks every segment of file `i` overlapping `range` against the
-    /// header's digests (decoding it whole, once).
+    /// header's digests (decoding it once, block by block: only one block
+    /// is held at a time).
     fn check_segments(&self, i: usize, range: Range<u64>) -> Result<()> {
         let slot = &self.slots[i];
         for (k, seg) in slot.segments.iter().enumerate() {
             if seg.start >= range.end || seg.start + seg.len <= range.start {
                 continue;
             }
-            let r = slot.checked[k].get_or_init(|| {
-                let grid = self.grid(seg.unit).map_err(|e| e.to_string())?;
-                let mut bytes = Vec::with_capacity(seg.len as usize);
-                for b in 0..grid.blocks() {
-                    let d = self
-                        .decode_block(BlockKey {
-                            unit: seg.unit,
-                            block: b as u32,
-                        })
-                        .map_err(|e| e.to_string())?;
-                    bytes.extend_from_slice(&d);
-                }
-                for (r, want) in &slot.expect[k] {
-                    let part = bytes
-                        .get(r.start as usize..r.end as usize)
-                        .ok_or_else(|| "range outside its blob".to_string())?;
-                    if xxh3_64(part) != *want {
-                        return Err("checksum mismatch (the header is damaged)".to_string());
-                    }
-                }
-                Ok(())
-            });
+            let r = slot.checked[k].get_or_init(|| self.check_segment(seg, &slot.expect[k]));
             if let Err(what) = r {
                 return Err(self.integrity(format!(
                     "{}: bytes {}..{}: {what}",
@@ -290,6 +272,80 @@ impl BlzArchive {
             }
         }
         Ok(())
+    }
+
+    /// Hashes the ranges of `expect` (within the segment's unit) as its
+    /// blocks decode, one block at a time, and compares each digest.
+    fn check_segment(&self, seg: &Segment, expect: &Expect) -> std::result::Result<(), String> {
+        let grid = self.grid(seg.unit).map_err(|e| e.to_string())?;
+        let mut ranges: Vec<&(Range<u64>, u64)> = expect.iter().collect();
+        ranges.sort_by_key(|(r, _)| (r.start, r.end));
+        let total = grid.bounds.last().copied().unwrap_or(0);
+        for w in ranges.windows(2) {
+            if w[1].0.start < w[0].0.end {
+                return Err("tensors overlap (the header is damaged)".into());
+            }
+        }
+        if ranges.iter().any(|(r, _)| r.start > r.end || r.end > total) {
+            return Err("range outside its blob".into());
+        }
+        let mismatch = || "checksum mismatch (the header is damaged)".to_string();
+        let mut next = 0;
+        let mut h = Xxh3::new();
+        for b in 0..grid.blocks() {
+            let span = grid.span(b);
+            if next == ranges.len() {
+                break;
+            }
+            if ranges[next].0.start >= span.end {
+                continue;
+            }
+            let d = self
+                .decode_block(BlockKey {
+                    unit: seg.unit,
+                    block: b as u32,
+                })
+                .map_err(|e| e.to_string())?;
+            while let Some((r, want)) = ranges.get(next) {
+                if r.start >= span.end {
+                    break;
+                }
+                let (lo, hi) = (r.start.max(span.start), r.end.min(span.end));
+                if lo < hi {
+                    h.update(&d[(lo - span.start) as usize..(hi - span.start) as usize]);
+                }
+                if r.end > span.end {
+                    break; // continues in the next block
+                }
+                if h.digest() != *want {
+                    return Err(mismatch());
+                }
+                h = Xxh3::new();
+                next += 1;
+            }
+        }
+        // What is left is empty and at the very end.
+        if ranges[next..].iter().any(|(_, want)| *want != xxh3_64(b"")) {
+            return Err(mismatch());
+        }
+        Ok(())
+    }
+
+    /// xxh3 of bytes `range` of file `i`, read in pieces of at most 8 MiB.
+    fn range_digest(&self, i: usize, range: Range<u64>) -> Result<u64> {
+        let mut h = Xxh3::new();
+        let mut buf = vec![0u8; (range.end - range.start).min(8 << 20) as usize];
+        let mut at = range.start;
+        while at < range.end {
+            let n = ((range.end - at) as usize).min(buf.len());
+            let got = self.read_at(i, at, &mut buf[..n])?;
+            if got != n {
+                return Err(self.integrity(format!("{}: short read", self.entries()[i].path)));
+            }
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(h.digest())
     }
 
     /// The raw bytes of tensor `t` of shard `i`, decoding only the blocks
@@ -518,10 +574,14 @@ impl ArchiveView for BlzArchive {
                     shards += 1;
                     let tensors = &sh.tensors;
                     tensors_n += tensors.len();
-                    for (t, te) in tensors.iter().enumerate() {
+                    for te in tensors {
                         let ok = match te.blob {
                             Some(b) => digests[b as usize] == te.xxh3.0,
-                            None => self.tensor_bytes(i, t).is_ok(),
+                            None => {
+                                let start = self.slots[i].prefix_len + te.data_offsets[0];
+                                self.range_digest(i, start..start + te.len())
+                                    .is_ok_and(|d| d == te.xxh3.0)
+                            }
                         };
                         if !ok {
                             return Err(self.integrity(format!(

@@ -504,6 +504,35 @@ pub fn write_to<A: ArchiveView + ?Sized>(
     Ok(())
 }
 
+/// Decodes a bare frame (a `.z4ai` file as the z4ai CLI writes it) into
+/// `w`, one block of its grid at a time, so that memory stays bounded as
+/// for archives (a frame that is one block is bounded by
+/// `format::frame::MAX_BLOCK_BYTES`). `path` names it in errors. Returns
+/// the decoded length.
+pub fn write_frame(
+    bytes: &[u8],
+    path: &Path,
+    w: &mut dyn Write,
+) -> std::result::Result<u64, WriteError> {
+    let codec = |e: CodecError| ArchiveError::Integrity {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    };
+    let len = crate::format::frame::Frame::parse(bytes)
+        .map_err(codec)?
+        .decoded_len();
+    let (grid, _meta) = frame_block::frame_grid(bytes, len).map_err(codec)?;
+    for b in 0..grid.blocks() {
+        let block =
+            frame_block::decode_frame_block(bytes, &grid, b, None).map_err(|e| match e {
+                frame_block::BlockError::Codec(e) => codec(e),
+                frame_block::BlockError::Payload => unreachable!("no payload digest given"),
+            })?;
+        w.write_all(&block)?;
+    }
+    Ok(len)
+}
+
 /// xxh3-64 of a whole unit, decoding its blocks in parallel windows.
 fn unit_digest<A: ArchiveView + ?Sized>(
     a: &A,

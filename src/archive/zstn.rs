@@ -11,42 +11,71 @@
 //!
 //! With a CKX1 checksum block (every file ckptfs writes), each block's
 //! compressed bytes are checked before decoding and its decoded bytes after.
+//!
+//! Memory: what an open archive holds is bounded by its record count, not
+//! by its header. The prefix (`u64 hlen ‖ header`) is served from the
+//! mapped file, where it lies verbatim; record names stay there too. The
+//! header JSON is not parsed at open: `verify` walks it once, entry by
+//! entry, against the index sorted by name (linear in memory, n log n in
+//! time); [`ZstnArchive::header`] parses it whole on demand (tools only).
+//! Per record this is 56 bytes of index, 24 of segment and 4 of unit map;
+//! per unique frame 32 bytes of unit (its grid cell) and 24 of checksum
+//! head, plus 24 per block and the grids built so far.
 
-use super::frame_block::{block_index, decode_unit_block, frame_grid, shared_grid, GridError};
+use super::frame_block::{
+    block_index, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::codec::CodecError;
 use crate::format::ckx::{self, Extension};
 use crate::format::frame::Frame;
-use crate::format::safetensors::{Header, TensorEntry};
-use crate::format::zstn::{Layout, Record, RecordKind, Zstn};
+use crate::format::safetensors::{for_each_entry, Header, HeaderError, TensorEntry};
+use crate::format::zstn::{IndexRecord, Layout, Record, RecordKind, Zstn};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-/// A unique frame: the bytes it stores and the data-buffer span of the
-/// record that owns it.
-#[derive(Debug)]
+/// A unique frame: the FRAME record that holds it (0 for an opaque
+/// layout, whose one frame is the data buffer) and its grid, built on
+/// first use.
 struct Unit {
-    name: String,
-    frame: Range<u64>,
-    decoded_len: u64,
-    grid: OnceLock<std::result::Result<Arc<Grid>, GridError>>,
+    record: u32,
+    grid: GridCell,
+}
+
+/// What `verify`'s walk over the header found, for its summary.
+#[derive(Debug)]
+struct HeaderCheck {
+    tensors: usize,
+    /// Why the header is not strict safetensors, as verify's summary says
+    /// it (the first reason found).
+    note: Option<String>,
+}
+
+fn strict_note(e: impl std::fmt::Display) -> String {
+    format!("; note: not strict safetensors: {e}")
+}
+
+fn loose_note(e: &str) -> String {
+    format!(
+        "; note: the header is not strict safetensors ({e}), but every tensor decodes exactly \
+         as stored"
+    )
 }
 
 pub struct ZstnArchive {
     path: PathBuf,
     map: Backing,
     zstn: Zstn,
-    header: Option<Header>,
-    header_error: Option<String>,
-    /// `u64le(hlen) ‖ header`: the first bytes of the reconstructed file.
-    prefix: Vec<u8>,
+    /// The header entries, parsed whole on first use ([`Self::header`]).
+    header: OnceLock<std::result::Result<Header, String>>,
     units: Vec<Unit>,
     /// For each record, the unit that holds its bytes.
     record_unit: Vec<u32>,
     ext: Option<Extension>,
     segments: Vec<Segment>,
+    checked: OnceLock<HeaderCheck>,
 }
 
 impl std::fmt::Debug for ZstnArchive {
@@ -70,6 +99,7 @@ fn segments_of(zstn: &Zstn, record_unit: &[u32]) -> Vec<Segment> {
         Layout::Indexed { records, .. } => records
             .iter()
             .zip(record_unit)
+            .filter(|(r, _)| !r.is_empty())
             .map(|(r, &unit)| Segment {
                 start: start + r.begin,
                 len: r.len(),
@@ -77,7 +107,8 @@ fn segments_of(zstn: &Zstn, record_unit: &[u32]) -> Vec<Segment> {
             })
             .collect(),
     };
-    segments.retain(|s| s.len > 0);
+    // Records tile the data buffer in order, so this is already sorted;
+    // kept as the invariant `plan` relies on.
     segments.sort_by_key(|s| s.start);
     segments
 }
@@ -104,44 +135,27 @@ impl ZstnArchive {
             path: path.to_path_buf(),
             source,
         })?;
-        let raw = &bytes[zstn.header.start as usize..zstn.header.end as usize];
-        let (header, header_error) = match Header::parse_entries(raw) {
-            Ok(h) => (Some(h), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        let mut prefix = Vec::with_capacity(raw.len() + 8);
-        prefix.extend_from_slice(&(raw.len() as u64).to_le_bytes());
-        prefix.extend_from_slice(raw);
-
         let mut units = Vec::new();
         let mut record_unit = Vec::new();
         match &zstn.layout {
-            Layout::Opaque {
-                frame_offset,
-                frame_len,
-            } => units.push(Unit {
-                name: "<data buffer>".into(),
-                frame: *frame_offset..frame_offset + frame_len,
-                decoded_len: zstn.data_len,
+            Layout::Opaque { .. } => units.push(Unit {
+                record: 0,
                 grid: OnceLock::new(),
             }),
             Layout::Indexed { records, .. } => {
-                let mut unit_of_record = vec![u32::MAX; records.len()];
+                record_unit = vec![u32::MAX; records.len()];
                 for (i, r) in records.iter().enumerate() {
-                    match r.kind {
-                        RecordKind::Frame { offset, len } => {
-                            unit_of_record[i] = units.len() as u32;
+                    record_unit[i] = match r.kind {
+                        RecordKind::Frame { .. } => {
                             units.push(Unit {
-                                name: r.name.clone(),
-                                frame: offset..offset + len,
-                                decoded_len: r.len(),
+                                record: i as u32,
                                 grid: OnceLock::new(),
                             });
+                            units.len() as u32 - 1
                         }
-                        RecordKind::Ref(t) => unit_of_record[i] = unit_of_record[t as usize],
-                    }
+                        RecordKind::Ref(t) => record_unit[t as usize],
+                    };
                 }
-                record_unit = unit_of_record;
             }
         }
         let ext = ckx::find(bytes, &zstn).map_err(|what| ArchiveError::Integrity {
@@ -153,13 +167,12 @@ impl ZstnArchive {
             path: path.to_path_buf(),
             map,
             zstn,
-            header,
-            header_error,
-            prefix,
+            header: OnceLock::new(),
             units,
             record_unit,
             ext,
             segments,
+            checked: OnceLock::new(),
         };
         if let Some(ext) = &archive.ext {
             ext.verify_structure(archive.bytes(), &archive.zstn, archive.units.len())
@@ -172,6 +185,10 @@ impl ZstnArchive {
         self.map.bytes()
     }
 
+    fn index(&self) -> &[IndexRecord] {
+        self.zstn.records()
+    }
+
     /// Size of the reconstructed `.safetensors` file.
     pub fn len(&self) -> u64 {
         self.zstn.logical_len()
@@ -182,18 +199,34 @@ impl ZstnArchive {
     pub fn container(&self) -> &Zstn {
         &self.zstn
     }
-    pub fn records(&self) -> &[Record] {
-        self.zstn.records()
+    /// The index records with their names (built on each call: tools and
+    /// tests; `container().records()` is the compact form).
+    pub fn records(&self) -> Vec<Record> {
+        self.index()
+            .iter()
+            .map(|r| r.to_record(self.bytes()))
+            .collect()
     }
-    /// The header entries, if the header JSON parses (z4ai does not require it).
+    /// The name of record `i` (empty when there is none).
+    pub fn record_name(&self, i: usize) -> &str {
+        self.index().get(i).map_or("", |r| r.name(self.bytes()))
+    }
+    /// The header entries, if the header JSON parses (z4ai does not
+    /// require it). Parsed whole on the first call and kept: for tools;
+    /// the mount and `verify` never call it.
     pub fn header(&self) -> Option<&Header> {
-        self.header.as_ref()
+        self.parsed_header().as_ref().ok()
     }
     pub fn header_error(&self) -> Option<&str> {
-        self.header_error.as_deref()
+        self.parsed_header().as_ref().err().map(String::as_str)
+    }
+    fn parsed_header(&self) -> &std::result::Result<Header, String> {
+        self.header
+            .get_or_init(|| Header::parse_entries(self.header_bytes()).map_err(|e| e.to_string()))
     }
     pub fn header_bytes(&self) -> &[u8] {
-        &self.prefix[8..]
+        let h = &self.zstn.header;
+        &self.bytes()[h.start as usize..h.end as usize]
     }
     pub fn extension(&self) -> Option<&Extension> {
         self.ext.as_ref()
@@ -202,17 +235,38 @@ impl ZstnArchive {
     pub fn stored_bytes(&self) -> &[u8] {
         self.bytes()
     }
-    /// The header entry of a record, by name.
+    /// The header entry of a record, by name (a linear search of
+    /// [`Self::header`]).
     pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
-        self.header
-            .as_ref()?
-            .tensors
-            .iter()
-            .find(|t| t.name == name)
+        self.header()?.tensors.iter().find(|t| t.name == name)
+    }
+    /// Stored bytes of a unit's frame, in the file.
+    fn unit_frame(&self, unit: u32) -> Range<u64> {
+        match &self.zstn.layout {
+            Layout::Opaque {
+                frame_offset,
+                frame_len,
+            } => *frame_offset..frame_offset + frame_len,
+            Layout::Indexed { records, .. } => {
+                match records[self.units[unit as usize].record as usize].kind {
+                    RecordKind::Frame { offset, len } => offset..offset + len,
+                    RecordKind::Ref(_) => unreachable!("units are FRAME records"),
+                }
+            }
+        }
+    }
+    /// Decoded length of a unit: its record's span.
+    fn unit_decoded_len(&self, unit: u32) -> u64 {
+        match &self.zstn.layout {
+            Layout::Opaque { .. } => self.zstn.data_len,
+            Layout::Indexed { records, .. } => {
+                records[self.units[unit as usize].record as usize].len()
+            }
+        }
     }
     /// Compressed bytes of a unit's frame.
     pub fn frame_bytes(&self, unit: u32) -> &[u8] {
-        let r = &self.units[unit as usize].frame;
+        let r = self.unit_frame(unit);
         &self.bytes()[r.start as usize..r.end as usize]
     }
     pub fn unit_of_record(&self, record: usize) -> u32 {
@@ -225,15 +279,15 @@ impl ZstnArchive {
 
     /// Parses a unit's frame structure.
     pub fn frame(&self, unit: u32) -> Result<Frame<'_>> {
-        let u = &self.units[unit as usize];
         let f = Frame::parse(self.frame_bytes(unit)).map_err(|e| self.frame_error(unit, e))?;
-        if f.decoded_len() != u.decoded_len {
+        let want = self.unit_decoded_len(unit);
+        if f.decoded_len() != want {
             return Err(self.frame_error(
                 unit,
                 CodecError::LengthMismatch {
                     what: "frame",
                     got: f.decoded_len(),
-                    expected: u.decoded_len,
+                    expected: want,
                 },
             ));
         }
@@ -241,8 +295,7 @@ impl ZstnArchive {
     }
 
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
-        let u = &self.units[unit as usize];
-        let (grid, meta) = frame_grid(self.frame_bytes(unit), u.decoded_len)?;
+        let (grid, meta) = frame_grid(self.frame_bytes(unit), self.unit_decoded_len(unit))?;
         if let Some(ext) = &self.ext {
             ext.verify_grid(unit as usize, &grid.bounds, meta)
                 .map_err(GridError::Integrity)?;
@@ -250,39 +303,96 @@ impl ZstnArchive {
         Ok(Arc::new(grid))
     }
 
-    /// Every header tensor must match a record of the same name and span.
-    fn check_header_against_index(&self) -> Result<()> {
+    /// Every header tensor must match a record of the same name and span,
+    /// and every record a header tensor. One walk over the header JSON,
+    /// entry by entry (never the whole JSON tree), against the record
+    /// numbers sorted by name; as in a JSON object, the last of two entries
+    /// of one name counts. Also notes the first entry that is not strict
+    /// safetensors, for the summary.
+    fn check_header_against_index(&self) -> Result<&HeaderCheck> {
+        if let Some(c) = self.checked.get() {
+            return Ok(c);
+        }
         let Layout::Indexed { records, .. } = &self.zstn.layout else {
-            return Ok(());
+            // An opaque layout has no index to hold the header to (z4ai
+            // does not require the header to parse).
+            let note = match (self.header(), self.header_error()) {
+                (Some(h), _) => h.validate(self.zstn.data_len).err().map(strict_note),
+                (None, e) => Some(loose_note(e.unwrap_or("unparseable"))),
+            };
+            return Ok(self.checked.get_or_init(|| HeaderCheck {
+                tensors: self.header().map_or(0, |h| h.tensors.len()),
+                note,
+            }));
         };
-        // A header that is not safetensors JSON (z4ai writes some) has no
-        // entries to check against the index; the file still decodes
-        // exactly, and verify says so with a note.
-        let Some(h) = self.header() else {
-            return Ok(());
-        };
-        let tensors = h.tensors.len();
-        if tensors != records.len() {
+        let bytes = self.bytes();
+        let name = |r: u32| records[r as usize].name(bytes);
+        let mut by_name: Vec<u32> = (0..records.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| name(a).cmp(name(b)));
+        if let Some(w) = by_name.windows(2).find(|w| name(w[0]) == name(w[1])) {
+            return Err(self.integrity(format!("index holds tensor {:?} twice", name(w[0]))));
+        }
+        // Per record: 0 not in the header, 1 its span matches, 2 it differs.
+        let mut state = vec![0u8; records.len()];
+        let mut differs: Vec<(u32, u64, u64)> = Vec::new();
+        let mut unknown: Option<String> = None;
+        let mut strict: Option<String> = None;
+        let walked = for_each_entry(self.header_bytes(), |t| {
+            let Ok(k) = by_name.binary_search_by(|&r| name(r).cmp(t.name.as_str())) else {
+                unknown = Some(t.name.clone());
+                return Err(HeaderError::NotAnObject); // stops the walk
+            };
+            let r = by_name[k];
+            let rec = &records[r as usize];
+            if rec.begin == t.begin && rec.end == t.end {
+                state[r as usize] = 1;
+            } else {
+                state[r as usize] = 2;
+                differs.push((r, t.begin, t.end));
+            }
+            if strict.is_none() {
+                strict = t.validate(self.zstn.data_len).err().map(strict_note);
+            }
+            Ok(())
+        });
+        if let Some(n) = unknown {
+            return Err(self.integrity(format!("tensor {n:?} has no index record")));
+        }
+        if let Err(e) = walked {
+            // A header that is not safetensors JSON (z4ai writes some) has
+            // no entries to check against the index; the file still decodes
+            // exactly, and verify says so.
+            return Ok(self.checked.get_or_init(|| HeaderCheck {
+                tensors: records.len(),
+                note: Some(loose_note(&e.to_string())),
+            }));
+        }
+        let listed = state.iter().filter(|&&s| s != 0).count();
+        if listed != records.len() {
             return Err(self.integrity(format!(
-                "header lists {tensors} tensors, index holds {} records",
+                "header lists {listed} tensors, index holds {} records",
                 records.len()
             )));
         }
-        for t in &h.tensors {
-            match records.iter().find(|r| r.name == t.name) {
-                Some(r) if r.begin == t.begin && r.end == t.end => {}
-                Some(r) => {
-                    return Err(self.integrity(format!(
-                        "tensor {:?}: header span [{}, {}) but index span [{}, {})",
-                        t.name, t.begin, t.end, r.begin, r.end
-                    )))
-                }
-                None => {
-                    return Err(self.integrity(format!("tensor {:?} has no index record", t.name)))
-                }
-            }
+        if let Some(&(r, ..)) = differs.iter().find(|(r, ..)| state[*r as usize] == 2) {
+            // The last entry of that name is the one that counts.
+            let &(_, hb, he) = differs
+                .iter()
+                .rev()
+                .find(|d| d.0 == r)
+                .expect("found above");
+            let rec = &records[r as usize];
+            return Err(self.integrity(format!(
+                "tensor {:?}: header span [{hb}, {he}) but index span [{}, {})",
+                name(r),
+                rec.begin,
+                rec.end
+            )));
         }
-        Ok(())
+        Ok(self.checked.get_or_init(|| HeaderCheck {
+            tensors: records.len(),
+            note: strict,
+        }))
     }
 }
 
@@ -308,8 +418,10 @@ impl ArchiveView for ZstnArchive {
     fn logical_len(&self, _file: usize) -> u64 {
         self.zstn.logical_len()
     }
+    /// `u64le(hlen) ‖ header`: exactly the file's bytes from the `hlen`
+    /// field (offset 6) to the end of the header JSON.
     fn prefix(&self, _file: usize) -> Result<&[u8]> {
-        Ok(&self.prefix)
+        Ok(&self.bytes()[6..self.zstn.header.end as usize])
     }
     fn prefix_len(&self, _file: usize) -> u64 {
         self.zstn.data_start()
@@ -321,7 +433,12 @@ impl ArchiveView for ZstnArchive {
         self.units.len()
     }
     fn unit_name(&self, unit: u32) -> &str {
-        &self.units[unit as usize].name
+        match (&self.zstn.layout, self.units.get(unit as usize)) {
+            (Layout::Indexed { records, .. }, Some(u)) => {
+                records[u.record as usize].name(self.bytes())
+            }
+            _ => "<data buffer>",
+        }
     }
 
     fn unit_label(&self, unit: u32) -> String {
@@ -339,7 +456,7 @@ impl ArchiveView for ZstnArchive {
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
         let b = block_index(self, key, &*self.grid(key.unit)?)?;
         let unit = key.unit as usize;
-        let want = self.ext.as_ref().map(|e| e.units[unit].blocks[b].payload);
+        let want = self.ext.as_ref().map(|e| e.unit_blocks(unit)[b].payload);
         let out = decode_unit_block(self, key, self.frame_bytes(key.unit), want)?;
         if let Some(ext) = &self.ext {
             ext.verify_data(unit, b, &out)
@@ -349,7 +466,7 @@ impl ArchiveView for ZstnArchive {
     }
 
     fn verify_structure(&self) -> Result<()> {
-        self.check_header_against_index()
+        self.check_header_against_index().map(|_| ())
     }
 
     /// The whole-frame checksum of the unit's compressed bytes (a no-op
@@ -364,22 +481,11 @@ impl ArchiveView for ZstnArchive {
     }
 
     fn verify_finish(&self, _unit_digests: &[u64]) -> Result<String> {
-        let strict = match (self.header(), self.header_error()) {
-            (Some(h), _) => h
-                .validate(self.zstn.data_len)
-                .err()
-                .map(|e| format!("; note: not strict safetensors: {e}")),
-            (None, e) => Some(format!(
-                "; note: the header is not strict safetensors ({}), but every tensor decodes \
-                 exactly as stored",
-                e.unwrap_or("unparseable")
-            )),
-        }
-        .unwrap_or_default();
+        let check = self.check_header_against_index()?;
+        let strict = check.note.clone().unwrap_or_default();
         Ok(format!(
             "{} tensors, {} -> {} bytes, ratio {:.4}, {}{}",
-            self.header()
-                .map_or(self.records().len(), |h| h.tensors.len()),
+            check.tensors,
             self.len(),
             self.stored_len(),
             self.len() as f64 / self.stored_len().max(1) as f64,
@@ -390,5 +496,140 @@ impl ArchiveView for ZstnArchive {
             },
             strict
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::frame::MAX_BLOCK_BYTES;
+    use crate::test_support::{
+        z4ai_opaque_frame, zstd_rle_frame, zstn_of_frames, zstn_with_header,
+    };
+
+    fn archive(tensors: &[(&str, u64, Vec<u8>)]) -> ZstnArchive {
+        ZstnArchive::from_bytes(zstn_of_frames(tensors), Path::new("t.zstn")).unwrap()
+    }
+
+    #[test]
+    fn a_whole_frame_block_within_the_limit_decodes() {
+        let frame = z4ai_opaque_frame(1, 3 << 20, &zstd_rle_frame(3 << 20, 7));
+        let a = archive(&[("w", 3 << 20, frame)]);
+        assert_eq!(
+            a.block_len(BlockKey { unit: 0, block: 0 }).unwrap(),
+            3 << 20
+        );
+        let mut buf = vec![0u8; 100];
+        let n = a.read_at(0, a.prefix_len(0) + 12345, &mut buf).unwrap();
+        assert_eq!(&buf[..n], &[7u8; 100][..]);
+    }
+
+    #[test]
+    fn a_block_over_the_limit_is_refused_naming_the_tensor_before_allocating() {
+        let big = 2 * MAX_BLOCK_BYTES;
+        let bomb = z4ai_opaque_frame(1, big, &zstd_rle_frame(big, 0));
+        assert!(bomb.len() < 70_000, "{}", bomb.len());
+        let ok = z4ai_opaque_frame(0, 5, b"hello");
+        let a = archive(&[("ok", 5, ok), ("bomb", big, bomb)]);
+        let e = a.grid(1).unwrap_err().to_string();
+        assert!(
+            e.contains("t.zstn") && e.contains("\"bomb\"") && e.contains("limit"),
+            "{e}"
+        );
+        assert!(a.block_len(BlockKey { unit: 1, block: 0 }).is_err());
+        let mut buf = [0u8; 16];
+        let start = a.prefix_len(0) + 5;
+        assert!(a.read_at(0, start, &mut buf).is_err());
+        // The other tensor still reads.
+        let mut five = [0u8; 5];
+        a.read_at(0, a.prefix_len(0), &mut five).unwrap();
+        assert_eq!(&five, b"hello");
+    }
+
+    /// A z4ai-style file of two stored tensors, `a` (2 bytes) and `b` (3),
+    /// whose header JSON is `header`.
+    fn with_header(header: &str) -> ZstnArchive {
+        let f = zstn_with_header(
+            header,
+            &[
+                ("a", 2, z4ai_opaque_frame(0, 2, b"ab")),
+                ("b", 3, z4ai_opaque_frame(0, 3, b"cde")),
+            ],
+        );
+        ZstnArchive::from_bytes(f, Path::new("h.zstn")).unwrap()
+    }
+
+    #[test]
+    fn verify_holds_the_header_to_the_index_in_one_walk() {
+        let e = |a: ZstnArchive| crate::archive::verify(&a, &|_| {}).map_err(|e| e.to_string());
+        let t = |n: &str, b: u64, e: u64| {
+            format!(
+                "\"{n}\":{{\"dtype\":\"U8\",\"shape\":[{}],\"data_offsets\":[{b},{e}]}}",
+                e - b
+            )
+        };
+        let ok = e(with_header(&format!(
+            "{{{},{}}}",
+            t("b", 2, 5),
+            t("a", 0, 2)
+        )))
+        .unwrap();
+        assert!(ok.starts_with("2 tensors"), "{ok}");
+        // As in a JSON object, the last entry of a name counts.
+        let dup = format!("{{{},{},{}}}", t("a", 9, 11), t("b", 2, 5), t("a", 0, 2));
+        e(with_header(&dup)).unwrap();
+        let err = e(with_header(&format!(
+            "{{{},{}}}",
+            t("a", 0, 2),
+            t("c", 2, 5)
+        )))
+        .unwrap_err();
+        assert!(err.contains("tensor \"c\" has no index record"), "{err}");
+        let err = e(with_header(&format!("{{{}}}", t("a", 0, 2)))).unwrap_err();
+        assert!(
+            err.contains("header lists 1 tensors, index holds 2 records"),
+            "{err}"
+        );
+        let err = e(with_header(&format!(
+            "{{{},{}}}",
+            t("a", 0, 2),
+            t("b", 1, 5)
+        )))
+        .unwrap_err();
+        assert!(
+            err.contains("header span [1, 5) but index span [2, 5)"),
+            "{err}"
+        );
+        // A header that is not JSON has nothing to hold to the index: the
+        // file still decodes exactly as stored, and the summary says so.
+        let loose = e(with_header("{\"a\":")).unwrap();
+        assert!(
+            loose.contains("the header is not strict safetensors"),
+            "{loose}"
+        );
+    }
+
+    #[test]
+    fn the_prefix_is_the_files_own_bytes() {
+        let a = with_header("{}");
+        let p = a.prefix(0).unwrap();
+        assert_eq!(p.len() as u64, a.prefix_len(0));
+        assert_eq!(&p[..8], &(p.len() as u64 - 8).to_le_bytes());
+        assert_eq!(&p[8..], a.header_bytes());
+        assert_eq!(a.records()[1].name, "b");
+        assert_eq!(a.unit_name(1), "b");
+    }
+
+    #[test]
+    fn sizes_that_do_not_add_up_are_refused_at_open_naming_the_file() {
+        use crate::format::zstn::render_head;
+        let frame = z4ai_opaque_frame(0, 40, &[7; 40]);
+        let mut f = render_head(b"{}      ", u64::MAX, false);
+        f.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        f.extend_from_slice(&frame);
+        let e = ZstnArchive::from_bytes(f, Path::new("wrap.zstn"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("wrap.zstn: sizes do not add up"), "{e}");
     }
 }

@@ -19,6 +19,7 @@ use crate::codec::{rans, transform, zstd, CodecError, Result};
 use crate::format::frame::{
     ElementAccess, Frame, PaletteFrame, PlaneRef, SparseFrame, Transform, Z4aiFrame, Zrt1Frame,
 };
+use std::borrow::Cow;
 
 impl Frame<'_> {
     /// Decodes the whole frame into `out` (`out.len() == decoded_len()`).
@@ -54,11 +55,50 @@ impl Z4aiFrame<'_> {
                 plane::decode_plane(self.planes[0].method, self.planes[0].payload, body)
             }
             _ => {
+                let unstored: u64 = self
+                    .planes
+                    .iter()
+                    .filter(|p| p.method != plane::STORE)
+                    .map(|p| p.orig_len)
+                    .sum();
+                if unstored > PLANES_TOGETHER_MAX {
+                    return self.decode_plane_by_plane(body);
+                }
                 let decoded = decode_planes_parallel(&self.planes)?;
-                let refs: Vec<&[u8]> = decoded.iter().map(|p| p.as_slice()).collect();
+                let refs: Vec<&[u8]> = decoded.iter().map(|p| &**p).collect();
                 self.join_parallel(&refs, body)
             }
         }
+    }
+
+    /// Decodes a large body one plane at a time into one reused buffer,
+    /// placing each plane in the output before decoding the next, so that
+    /// the output is the only buffer of its size (a plane is at most 3/4 of
+    /// it). Stored planes are read in place.
+    fn decode_plane_by_plane(&self, body: &mut [u8]) -> Result<()> {
+        // The bit-field mantissa writes whole elements; the rest are ORed in.
+        let order: Vec<usize> = match self.transform {
+            Transform::Bitfield(_) => vec![2, 1, 0],
+            _ => (0..self.planes.len()).collect(),
+        };
+        let mut buf = Vec::new();
+        for i in order {
+            let p = &self.planes[i];
+            let bytes: &[u8] = if p.method == plane::STORE {
+                p.payload
+            } else {
+                super::grow_zeroed(&mut buf, p.orig_len, "decoded plane")?;
+                let out = &mut buf[..p.orig_len as usize];
+                plane::decode_plane(p.method, p.payload, out)?;
+                out
+            };
+            match self.transform {
+                Transform::BytePlane(w) => transform::byteplane_put(bytes, i, w as usize, body)?,
+                Transform::Bitfield(spec) => transform::bitfield_put(spec, i, bytes, body)?,
+                Transform::Opaque => unreachable!("opaque frames have one plane"),
+            }
+        }
+        Ok(())
     }
 
     /// Joins whole decoded planes, in parallel over element ranges for large
@@ -174,8 +214,9 @@ impl ElementAccess<'_> {
                     continue;
                 }
                 let len: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                if (bufs[i].len() as u64) < len {
-                    bufs[i].resize(len as usize, 0);
+                if let Err(e) = super::grow_zeroed(&mut bufs[i], len, "plane scratch") {
+                    result = Err(e);
+                    break 'planes;
                 }
                 let mut at = 0usize;
                 for r in ranges {
@@ -203,6 +244,8 @@ impl ElementAccess<'_> {
                     .collect();
                 result = self.frame.join(&refs, a, out);
             }
+            // One large block must not pin its scratch in every thread.
+            bufs.retain(|b| b.len() <= super::SCRATCH_KEEP);
             cell.replace(bufs);
             result
         })
@@ -219,13 +262,22 @@ impl RansTables {
     }
 }
 
-fn decode_planes_parallel(planes: &[PlaneRef<'_>]) -> Result<Vec<Vec<u8>>> {
+/// Decoded planes a whole-frame decode holds at once beside its output; a
+/// frame whose planes (stored ones aside) are larger is decoded one plane
+/// at a time.
+const PLANES_TOGETHER_MAX: u64 = 64 << 20;
+
+/// Every plane of a frame, decoded in parallel (stored planes in place).
+fn decode_planes_parallel<'a>(planes: &[PlaneRef<'a>]) -> Result<Vec<Cow<'a, [u8]>>> {
     use rayon::prelude::*;
     let total: u64 = planes.iter().map(|p| p.orig_len).sum();
-    let work = |p: &PlaneRef<'_>| -> Result<Vec<u8>> {
-        let mut v = vec![0u8; p.orig_len as usize];
+    let work = |p: &PlaneRef<'a>| -> Result<Cow<'a, [u8]>> {
+        if p.method == plane::STORE && p.payload.len() as u64 == p.orig_len {
+            return Ok(Cow::Borrowed(p.payload));
+        }
+        let mut v = super::zeroed(p.orig_len, "decoded plane")?;
         plane::decode_plane(p.method, p.payload, &mut v)?;
-        Ok(v)
+        Ok(Cow::Owned(v))
     };
     if total >= 1 << 20 {
         planes.par_iter().map(work).collect()
@@ -235,6 +287,9 @@ fn decode_planes_parallel(planes: &[PlaneRef<'_>]) -> Result<Vec<Vec<u8>>> {
 }
 
 impl SparseFrame<'_> {
+    /// Scatters the values to the bitmap's set positions one value stream at
+    /// a time, so that besides the output only the bitmap and one stream
+    /// are held.
     fn decode(&self, out: &mut [u8]) -> Result<()> {
         let w = self.width as usize;
         let body_len = self.count as usize * w;
@@ -243,59 +298,81 @@ impl SparseFrame<'_> {
         if self.count == 0 {
             return Ok(());
         }
-        let mut bitmap = vec![0u8; self.count.div_ceil(8) as usize];
-        zstd::decompress_exact(self.bitmap, &mut bitmap, "ZSP1 bitmap")?;
-        let dense = match &self.values {
-            Some(v) => v.decode()?,
-            None => Vec::new(),
-        };
-        body.fill(0);
-        let mut j = 0usize;
         let n = self.count as usize;
-        for (byte_i, &bits) in bitmap.iter().enumerate() {
-            if bits == 0 {
-                continue;
-            }
-            for k in 0..8 {
-                let i = byte_i * 8 + k;
-                if i >= n {
-                    break;
-                }
-                if bits & (0x80 >> k) != 0 {
-                    let src = dense.get(j * w..(j + 1) * w).ok_or_else(|| {
-                        CodecError::invalid("ZSP1 frame", "bitmap has more set bits than values")
-                    })?;
-                    body[i * w..(i + 1) * w].copy_from_slice(src);
-                    j += 1;
-                }
-            }
+        let mut bitmap = super::zeroed(self.count.div_ceil(8), "ZSP1 bitmap")?;
+        zstd::decompress_exact(self.bitmap, &mut bitmap, "ZSP1 bitmap")?;
+        // Bits past the last element (padding) do not count.
+        let pad = bitmap.len() * 8 - n;
+        if let Some(last) = bitmap.last_mut() {
+            *last &= 0xFFu8.checked_shl(pad as u32).unwrap_or(0);
         }
-        if j as u64 != self.nnz {
+        let set: u64 = bitmap.iter().map(|b| u64::from(b.count_ones())).sum();
+        if set != self.nnz {
             return Err(CodecError::invalid(
                 "ZSP1 frame",
-                format!("bitmap has {j} set bits, header says {}", self.nnz),
+                format!("bitmap has {set} set bits, header says {}", self.nnz),
             ));
+        }
+        body.fill(0);
+        match &self.values {
+            Some(v) => v.scatter(&bitmap, w, body),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The element indices of the set bits of `bitmap` (MSB first), in order.
+fn set_positions(bitmap: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    bitmap
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b != 0)
+        .flat_map(|(i, &b)| {
+            (0..8)
+                .filter(move |k| b & (0x80 >> k) != 0)
+                .map(move |k| i * 8 + k)
+        })
+}
+
+impl Zrt1Frame<'_> {
+    /// Writes the values (`nnz` elements of `w` bytes, as this frame's
+    /// streams hold them) to the set positions of `bitmap` in `body`.
+    fn scatter(&self, bitmap: &[u8], w: usize, body: &mut [u8]) -> Result<()> {
+        let mut buf = Vec::new();
+        let short = || CodecError::invalid("ZSP1 frame", "bitmap has more set bits than values");
+        if !self.byteplane {
+            let s = self.streams.first().ok_or_else(short)?;
+            let values = stream_bytes(s, &mut buf)?;
+            if values.len() as u64 != self.orig_len {
+                return Err(short());
+            }
+            for (i, v) in set_positions(bitmap).zip(values.chunks_exact(w)) {
+                body[i * w..(i + 1) * w].copy_from_slice(v);
+            }
+            return Ok(());
+        }
+        for (j, s) in self.streams.iter().enumerate() {
+            let values = stream_bytes(s, &mut buf)?;
+            if values.len() as u64 * w as u64 != self.orig_len || j >= w {
+                return Err(short());
+            }
+            for (i, &v) in set_positions(bitmap).zip(values) {
+                body[i * w + j] = v;
+            }
         }
         Ok(())
     }
 }
 
-impl Zrt1Frame<'_> {
-    fn decode(&self) -> Result<Vec<u8>> {
-        let mut streams = Vec::with_capacity(self.streams.len());
-        for s in &self.streams {
-            let mut v = vec![0u8; s.orig_len as usize];
-            plane::decode_plane(s.method, s.payload, &mut v)?;
-            streams.push(v);
-        }
-        if !self.byteplane {
-            return Ok(streams.pop().unwrap_or_default());
-        }
-        let mut out = vec![0u8; self.orig_len as usize];
-        let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-        transform::byteplane_join(&refs, &mut out)?;
-        Ok(out)
+/// A ZRT1 stream's bytes: in place when stored, else decoded into `buf`.
+fn stream_bytes<'a>(s: &PlaneRef<'a>, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+    if s.method == plane::STORE && s.payload.len() as u64 == s.orig_len {
+        return Ok(s.payload);
     }
+    super::grow_zeroed(buf, s.orig_len, "ZRT1 stream")?;
+    let out = &mut buf[..s.orig_len as usize];
+    plane::decode_plane(s.method, s.payload, out)?;
+    Ok(out)
 }
 
 impl PaletteFrame<'_> {
@@ -307,10 +384,10 @@ impl PaletteFrame<'_> {
         if n == 0 {
             return Ok(());
         }
-        let mut cb = vec![0u8; self.k as usize * w];
+        let mut cb = super::zeroed(u64::from(self.k) * w as u64, "ZPL1 codebook")?;
         zstd::decompress_exact(self.codebook, &mut cb, "ZPL1 codebook")?;
         let iw = self.index_width as usize;
-        let mut idx = vec![0u8; n * iw];
+        let mut idx = super::zeroed(self.count * iw as u64, "ZPL1 index")?;
         zstd::decompress_exact(self.index, &mut idx, "ZPL1 index")?;
         let k = self.k as usize;
         for (i, o) in body.chunks_exact_mut(w).enumerate() {
@@ -328,5 +405,86 @@ impl PaletteFrame<'_> {
             o.copy_from_slice(&cb[e * w..(e + 1) * w]);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::ZstnArchive;
+    use crate::format::safetensors::Dtype;
+    use crate::pack::{tensor::encode_tensor, PackOptions};
+    use crate::test_support::{vector_stems, vectors_dir};
+
+    /// Decodes a frame both ways: planes together, and one at a time.
+    fn both_ways(bytes: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let f = Frame::parse(bytes).unwrap();
+        let Frame::Z4ai(z) = &f else { return None };
+        if matches!(z.transform, Transform::Opaque | Transform::BytePlane(1)) {
+            return None;
+        }
+        let mut together = vec![0u8; f.decoded_len() as usize];
+        f.decode(&mut together).unwrap();
+        let mut one = vec![0xA5u8; together.len()];
+        let body = z.body_len() as usize;
+        one[body..].copy_from_slice(z.tail);
+        z.decode_plane_by_plane(&mut one[..body]).unwrap();
+        Some((together, one))
+    }
+
+    #[test]
+    fn planes_one_at_a_time_decode_like_planes_together() {
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        for stem in vector_stems() {
+            let a = ZstnArchive::open(&vectors_dir().join(format!("{stem}.zstn"))).unwrap();
+            for u in 0..crate::archive::ArchiveView::units(&a) as u32 {
+                frames.push(a.frame_bytes(u).to_vec());
+            }
+        }
+        // What ckptfs writes: bit-field bfloat16 and float32, byte-plane w2, w8.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut raw = vec![0u8; 3 << 20];
+        for c in raw.chunks_exact_mut(4) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = ((x % 2000) as f32 - 1000.0) * 1e-5;
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        for d in [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64] {
+            frames.push(encode_tensor(
+                Some(d),
+                &raw[..(3 << 20) - 6],
+                PackOptions::default(),
+            ));
+        }
+        let mut checked = 0;
+        for bytes in &frames {
+            if let Some((together, one)) = both_ways(bytes) {
+                assert!(together == one, "frame of {} bytes", bytes.len());
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "{checked} frames checked");
+    }
+
+    #[test]
+    fn a_palette_larger_than_its_output_is_refused_before_allocating() {
+        // Found by the `frame` fuzz target: 103,184 elements, a codebook of
+        // 2^29 two-byte entries (1 GiB).
+        let mut f = b"ZPL1\x01\x02\x00\x04".to_vec();
+        f.extend_from_slice(&103_184u64.to_le_bytes());
+        f.extend_from_slice(&0x2000_00FEu32.to_le_bytes());
+        f.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x2a]);
+        let e = Frame::parse(&f).unwrap_err().to_string();
+        assert!(e.contains("codebook entries"), "{e}");
+    }
+
+    #[test]
+    fn decoder_buffers_above_the_block_limit_are_errors() {
+        use crate::format::frame::MAX_BLOCK_BYTES;
+        let e = crate::codec::zeroed(MAX_BLOCK_BYTES + 1, "t").unwrap_err();
+        assert!(matches!(e, CodecError::TooLarge { .. }), "{e}");
+        assert_eq!(crate::codec::zeroed(5, "t").unwrap(), vec![0; 5]);
     }
 }

@@ -5,7 +5,10 @@
 //! function works on slices and writes into caller-provided buffers whose
 //! length is the expected output size. That is how decoding stays bounded: a
 //! payload that claims more output than the caller's buffer is an error,
-//! never an allocation of the claimed size.
+//! never an allocation of the claimed size. Buffers a decoder must size
+//! from a file's lengths (decoded planes, sparse values, palette indices)
+//! come from [`zeroed`]: at most `format::frame::MAX_BLOCK_BYTES`, and
+//! allocated fallibly, so that a read fails rather than the process.
 //!
 //! Errors are [`CodecError`], defined beside the parsers in `format::error`
 //! (parsers and decoders of the same frame report alike) and re-exported
@@ -18,3 +21,42 @@ pub mod transform;
 pub mod zstd;
 
 pub use crate::format::error::{CodecError, Result};
+
+use crate::format::frame::MAX_BLOCK_BYTES;
+
+/// A zeroed buffer of `len` bytes for decoded data whose length a file
+/// states: refused above [`MAX_BLOCK_BYTES`], and allocated fallibly, so
+/// that a process short of memory fails this decode instead of aborting.
+/// Every decoder buffer sized from a file goes through here (or
+/// [`grow_zeroed`]).
+pub fn zeroed(len: u64, what: &'static str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    grow_zeroed(&mut v, len, what)?;
+    Ok(v)
+}
+
+/// Makes `buf` (a reused scratch buffer) at least `len` bytes long, with
+/// the checks of [`zeroed`].
+pub fn grow_zeroed(buf: &mut Vec<u8>, len: u64, what: &'static str) -> Result<()> {
+    if len > MAX_BLOCK_BYTES {
+        return Err(CodecError::TooLarge {
+            what: what.to_string(),
+            bytes: len,
+            limit: MAX_BLOCK_BYTES,
+        });
+    }
+    let len = len as usize;
+    if buf.len() < len {
+        buf.try_reserve_exact(len - buf.len())
+            .map_err(|_| CodecError::Alloc {
+                what,
+                bytes: len as u64,
+            })?;
+        buf.resize(len, 0);
+    }
+    Ok(())
+}
+
+/// Scratch buffers kept per thread between decodes are dropped above this
+/// size, so that one large block does not pin its memory in every thread.
+pub(crate) const SCRATCH_KEEP: usize = 16 << 20;

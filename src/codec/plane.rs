@@ -92,8 +92,8 @@ impl PlaneBlocks<'_> {
             let target: &mut [u8] = if whole {
                 dst
             } else {
-                scratch.resize((b.end - b.start) as usize, 0);
-                &mut scratch
+                super::grow_zeroed(&mut scratch, b.end - b.start, "zstd block")?;
+                &mut scratch[..(b.end - b.start) as usize]
             };
             match self {
                 PlaneBlocks::Zstd(z) => z.decode_block(i, target)?,
@@ -139,13 +139,16 @@ fn decode_rans_range(
             SCRATCH.with(|s| -> Result<()> {
                 let mut scratch = s.borrow_mut();
                 let len = (span.end - span.start) as usize;
-                if scratch.len() < len {
-                    scratch.resize(len, 0);
+                super::grow_zeroed(&mut scratch, len as u64, "rANS chunks")?;
+                let r = r.decode_chunks(js, &tables, &mut scratch[..len]);
+                if r.is_ok() {
+                    let from = (range.start - span.start) as usize;
+                    out.copy_from_slice(&scratch[from..from + out.len()]);
                 }
-                r.decode_chunks(js, &tables, &mut scratch[..len])?;
-                let from = (range.start - span.start) as usize;
-                out.copy_from_slice(&scratch[from..from + out.len()]);
-                Ok(())
+                if scratch.len() > super::SCRATCH_KEEP {
+                    *scratch = Vec::new();
+                }
+                r
             })?;
         }
         Ok(())

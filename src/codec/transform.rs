@@ -290,6 +290,91 @@ fn f32_join(sign: &[u8], exp: &[u8], mants: &[&[u8]], out: &mut [u8]) {
     }
 }
 
+/// Elements per job of the one-plane-at-a-time joins (a multiple of 8, so
+/// that every job starts on a sign byte).
+const PUT_GROUP: usize = 1 << 20;
+
+/// Runs `f` over every `eb`-byte element of `out` (with its index), in
+/// parallel groups for large outputs.
+fn for_each_element(out: &mut [u8], eb: usize, f: impl Fn(usize, &mut [u8]) + Sync) {
+    use rayon::prelude::*;
+    let run = |g: usize, o: &mut [u8]| {
+        for (k, e) in o.chunks_exact_mut(eb).enumerate() {
+            f(g * PUT_GROUP + k, e);
+        }
+    };
+    if out.len() > PUT_GROUP * eb {
+        out.par_chunks_mut(PUT_GROUP * eb)
+            .enumerate()
+            .for_each(|(g, o)| run(g, o));
+    } else {
+        run(0, out);
+    }
+}
+
+/// Writes byte plane `j` of a `w`-byte byte-plane body into `out` (byte `j`
+/// of every element), leaving the other bytes as they are: a body is
+/// joined one decoded plane at a time, so that only one is held at once.
+pub fn byteplane_put(plane: &[u8], j: usize, w: usize, out: &mut [u8]) -> Result<()> {
+    if w == 0 || j >= w || out.len() != plane.len() * w {
+        return Err(CodecError::invalid(
+            "byte-plane frame",
+            format!(
+                "plane of {} bytes for {} output bytes",
+                plane.len(),
+                out.len()
+            ),
+        ));
+    }
+    for_each_element(out, w, |i, e| e[j] = plane[i]);
+    Ok(())
+}
+
+/// Adds plane `i` of a bit-field body (0 the packed sign bits, 1 the
+/// exponents, 2 the mantissa byte planes concatenated) to the elements in
+/// `out`, as [`bitfield_join`] would place it. The mantissa must come first:
+/// it overwrites every element; the exponent and sign are ORed in after.
+pub fn bitfield_put(spec: BitfieldSpec, i: usize, plane: &[u8], out: &mut [u8]) -> Result<()> {
+    let eb = spec.elem_bytes();
+    let n = out.len() / eb;
+    let want = match i {
+        0 => n.div_ceil(8),
+        1 => n,
+        _ => n * spec.mant_planes(),
+    };
+    if !out.len().is_multiple_of(eb) || i > 2 || plane.len() != want {
+        return Err(CodecError::invalid(
+            "bit-field frame",
+            format!("plane {i} of {} bytes for {n} elements", plane.len()),
+        ));
+    }
+    let store = |e: &mut [u8], u: u32| e.copy_from_slice(&u.to_le_bytes()[..eb]);
+    match i {
+        2 => {
+            let mmask = (1u32 << spec.mant_bits) - 1;
+            let mp = spec.mant_planes();
+            for_each_element(out, eb, |k, e| {
+                let mut m = 0u32;
+                for b in 0..mp {
+                    m |= (plane[b * n + k] as u32) << (8 * b);
+                }
+                store(e, m & mmask);
+            });
+        }
+        1 => {
+            let emask = (1u32 << spec.exp_bits) - 1;
+            for_each_element(out, eb, |k, e| {
+                store(e, load(e) | ((plane[k] as u32 & emask) << spec.mant_bits));
+            });
+        }
+        _ => for_each_element(out, eb, |k, e| {
+            let s = ((plane[k >> 3] >> (7 - (k & 7))) & 1) as u32;
+            store(e, load(e) | (s << (spec.total_bits - 1)));
+        }),
+    }
+    Ok(())
+}
+
 /// Splits whole `w`-byte elements into caller-provided planes (each of
 /// `body.len() / w` bytes). Used by the writer on parallel chunks.
 pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {

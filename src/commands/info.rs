@@ -165,11 +165,16 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
             });
         }
         Layout::Indexed { records, .. } => {
+            // One map, not a search of the header per record.
+            let entries: std::collections::HashMap<&str, &crate::format::safetensors::TensorEntry> =
+                a.header()
+                    .map(|h| h.tensors.iter().map(|t| (t.name.as_str(), t)).collect())
+                    .unwrap_or_default();
             for (i, r) in records.iter().enumerate() {
-                let entry = a.entry(&r.name);
-                let (dtype, shape) = match entry {
+                let name = a.record_name(i);
+                let (dtype, shape) = match entries.get(name) {
                     Some(e) => (e.dtype.clone(), e.shape.clone()),
-                    None => loose.get(&r.name).cloned().unwrap_or(("?".into(), vec![])),
+                    None => loose.get(name).cloned().unwrap_or(("?".into(), vec![])),
                 };
                 let unit = a.unit_of_record(i);
                 let f = a.frame(unit)?;
@@ -183,7 +188,7 @@ pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
                 };
                 *info.records.entry(record.into()).or_default() += 1;
                 info.tensor_list.push(TensorInfo {
-                    name: r.name.clone(),
+                    name: a.record_name(i).to_string(),
                     dtype,
                     shape,
                     raw_bytes: r.len(),

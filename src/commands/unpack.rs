@@ -1,12 +1,11 @@
 //! `ckptfs unpack`: restore the original file, byte for byte, atomically.
 
 use super::{open_input, progress, Global, Input, Result};
-use crate::archive::{write_to, ArchiveView};
+use crate::archive::{write_frame, write_to, ArchiveView};
 use crate::cli::UnpackArgs;
 use crate::format::frame::Frame;
 use crate::fsutil::write_atomic;
 use anyhow::Context as _;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -69,12 +68,14 @@ pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
         Input::Frame(map) => {
             let out = a.output.unwrap_or_else(|| default_output(&a.input, true));
             let oname = out.display().to_string();
-            let frame = Frame::parse(&map).with_context(|| a.input.display().to_string())?;
-            let mut buf = vec![0u8; frame.decoded_len() as usize];
-            frame
-                .decode(&mut buf)
-                .with_context(|| a.input.display().to_string())?;
-            write_atomic(&out, a.force, |w| w.write_all(&buf)).with_context(|| oname.clone())?;
+            // Checked before the output is created, as the archive paths do.
+            Frame::parse(&map).with_context(|| a.input.display().to_string())?;
+            write_atomic(&out, a.force, |w| {
+                write_frame(&map, &a.input, w)
+                    .map(|_| ())
+                    .map_err(std::io::Error::other)
+            })
+            .with_context(|| oname.clone())?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -62,15 +62,29 @@ pub struct UnitDigests {
     pub blocks: Vec<BlockDigest>,
 }
 
+/// A parsed extension. The block digests of every unit are kept in one
+/// array (`units[u].first_block` indexes it), so that an archive of 10^6
+/// small tensors costs two allocations here, not 10^6.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Extension {
     /// The `flags` field ([`FLAG_SEALED`]).
     pub flags: u16,
     pub head_digest: u64,
     pub index_digest: u64,
-    pub units: Vec<UnitDigests>,
+    pub units: Vec<UnitHead>,
+    pub blocks: Vec<BlockDigest>,
     /// Where the extension lies in the file.
     pub range: Range<u64>,
+}
+
+/// The per-unit part of a parsed extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitHead {
+    pub frame: u64,
+    pub meta: u64,
+    /// Index of the unit's first block digest in [`Extension::blocks`];
+    /// its blocks run to the next unit's first.
+    pub first_block: u64,
 }
 
 /// Hash of several ranges of `bytes`, concatenated.
@@ -309,6 +323,8 @@ pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
         return corrupt("unit count");
     }
     let mut units = Vec::with_capacity(n_units);
+    // Every block takes 24 bytes of the body.
+    let mut blocks = Vec::with_capacity(body.len() / 24);
     for _ in 0..n_units {
         let Some(h) = rd(&mut pos, 20) else {
             return corrupt("truncated");
@@ -319,7 +335,11 @@ pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
         if nb > (body.len() - pos) / 24 {
             return corrupt("block count");
         }
-        let mut blocks = Vec::with_capacity(nb);
+        units.push(UnitHead {
+            frame,
+            meta,
+            first_block: blocks.len() as u64,
+        });
         for _ in 0..nb {
             let b = rd(&mut pos, 24).expect("bounded above");
             blocks.push(BlockDigest {
@@ -328,20 +348,17 @@ pub fn find(bytes: &[u8], zstn: &Zstn) -> Result<Option<Extension>, String> {
                 data: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             });
         }
-        units.push(UnitDigests {
-            frame,
-            meta,
-            blocks,
-        });
     }
     if pos != body.len() {
         return corrupt("trailing bytes");
     }
+    blocks.shrink_to_fit();
     Ok(Some(Extension {
         flags,
         head_digest,
         index_digest,
         units,
+        blocks,
         range: frames_end..*index_offset,
     }))
 }
@@ -351,6 +368,16 @@ impl Extension {
     /// ckptfs's own writer).
     pub fn sealed(&self) -> bool {
         self.flags & FLAG_SEALED != 0
+    }
+
+    /// The block digests of unit `unit`.
+    pub fn unit_blocks(&self, unit: usize) -> &[BlockDigest] {
+        let first = self.units[unit].first_block as usize;
+        let end = self
+            .units
+            .get(unit + 1)
+            .map_or(self.blocks.len(), |u| u.first_block as usize);
+        &self.blocks[first..end]
     }
 
     /// Checks the head and index digests and the unit count (at open).
@@ -378,13 +405,13 @@ impl Extension {
 
     /// Checks a unit's block grid and frame metadata (once per unit).
     pub fn verify_grid(&self, unit: usize, bounds: &[u64], meta: u64) -> Result<(), String> {
-        let u = &self.units[unit];
-        if u.blocks.len() != bounds.len() - 1
-            || u.blocks.iter().zip(&bounds[1..]).any(|(b, &e)| b.end != e)
+        let blocks = self.unit_blocks(unit);
+        if blocks.len() != bounds.len() - 1
+            || blocks.iter().zip(&bounds[1..]).any(|(b, &e)| b.end != e)
         {
             return Err("block layout differs from the checksum block".into());
         }
-        if u.meta != meta {
+        if self.units[unit].meta != meta {
             return Err("checksum mismatch in frame headers or tables".into());
         }
         Ok(())
@@ -397,7 +424,7 @@ impl Extension {
         frame: &[u8],
         ranges: &[Range<usize>],
     ) -> Result<(), String> {
-        if hash_ranges(frame, ranges) != self.units[unit].blocks[block].payload {
+        if hash_ranges(frame, ranges) != self.unit_blocks(unit)[block].payload {
             return Err(format!(
                 "checksum mismatch in the compressed bytes of block {block}"
             ));
@@ -406,7 +433,7 @@ impl Extension {
     }
 
     pub fn verify_data(&self, unit: usize, block: usize, data: &[u8]) -> Result<(), String> {
-        if xxh3_64(data) != self.units[unit].blocks[block].data {
+        if xxh3_64(data) != self.unit_blocks(unit)[block].data {
             return Err(format!(
                 "checksum mismatch in the decoded bytes of block {block}"
             ));

@@ -32,6 +32,19 @@ pub enum CodecError {
     Rans(String),
     #[error("invalid {what}: {detail}")]
     Invalid { what: &'static str, detail: String },
+    /// A block (or a piece of a plane decoded at once) larger than
+    /// `format::frame::MAX_BLOCK_BYTES`: refused before anything is
+    /// allocated for it.
+    #[error("{what} decodes to {bytes} bytes, more than the {limit}-byte limit on one block")]
+    TooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
+    /// The allocator refused a buffer within the limit (the process is
+    /// short of memory): this decode fails, the process carries on.
+    #[error("cannot allocate {bytes} bytes for {what}")]
+    Alloc { what: &'static str, bytes: u64 },
 }
 
 impl CodecError {

@@ -27,25 +27,65 @@ pub const MAX_EXPANSION: u64 = 1 << 20;
 /// Target decoded size of one block in the frames ckptfs writes.
 pub const BLOCK_BYTES: u64 = 1 << 20;
 
+/// The most bytes one block may decode to, and so the largest buffer a
+/// reader allocates for one read: 1 GiB. ckptfs's own blocks are about
+/// [`BLOCK_BYTES`]; a z4ai frame that cannot be cut (a plane of method 1,
+/// 3 or 5, `ZSP1`, `ZPL1`) is one block of the whole tensor, and z4ai's
+/// format bounds that only by its u64 lengths (an order-1 plane by its u32
+/// count). 1 GiB serves every tensor of models up to 8 B parameters
+/// (Llama-3-8B's embedding, the largest, is 1,050,673,152 bytes). A grid
+/// with a larger block, or whose blocks would decode a larger piece of a
+/// plane at once, is refused by [`block_grid`] before anything is
+/// allocated. doc/FORMAT.md explains the choice.
+pub const MAX_BLOCK_BYTES: u64 = 1 << 30;
+
+fn too_large(what: String, bytes: u64) -> CodecError {
+    CodecError::TooLarge {
+        what,
+        bytes,
+        limit: MAX_BLOCK_BYTES,
+    }
+}
+
 /// The block grid of a frame that decodes to `decoded_len` bytes: boundaries
 /// in decoded bytes (the last equals `decoded_len`; the tail belongs to the
 /// last block), the element size (0 when the frame is one whole block), and
 /// the element access used to decode sub-blocks. Reader and writer both use
 /// this, so checksums computed per block agree.
+///
+/// Every block is at most [`MAX_BLOCK_BYTES`], and so is every piece of a
+/// plane that decoding a block decodes at once (a method-2 zstd block, a
+/// method-4 chunk); a frame that breaks this is refused here, so that
+/// nothing is ever allocated from its lengths.
 pub fn block_grid<'a>(
     frame: &Frame<'a>,
     decoded_len: u64,
 ) -> Result<(Vec<u64>, u64, Option<ElementAccess<'a>>)> {
-    let whole = || (vec![0, decoded_len], 0, None);
+    let whole = || -> Result<(Vec<u64>, u64, Option<ElementAccess<'a>>)> {
+        if decoded_len > MAX_BLOCK_BYTES {
+            return Err(too_large("the frame (one block)".into(), decoded_len));
+        }
+        Ok((vec![0, decoded_len], 0, None))
+    };
     let Some(access) = frame.element_access()? else {
-        return Ok(whole());
+        return whole();
     };
     if decoded_len == 0 {
-        return Ok(whole());
+        return whole();
     }
     let eb = access.frame.elem_bytes();
     let mut bounds: Vec<u64> = access.grid().iter().map(|e| e * eb).collect();
     *bounds.last_mut().expect("grid has two bounds") = decoded_len;
+    for (b, w) in bounds.windows(2).enumerate() {
+        if w[1] - w[0] > MAX_BLOCK_BYTES {
+            return Err(too_large(format!("block {b}"), w[1] - w[0]));
+        }
+    }
+    if let Some((plane, piece)) = access.largest_piece() {
+        if piece > MAX_BLOCK_BYTES {
+            return Err(too_large(format!("a block of plane {plane}"), piece));
+        }
+    }
     Ok((bounds, eb, Some(access)))
 }
 
@@ -447,6 +487,27 @@ impl<'a> ElementAccess<'a> {
         }
     }
 
+    /// The largest piece of a plane decoded at once when decoding part of
+    /// it (a zstd block or a rANS chunk; stored planes have none), as
+    /// (plane, bytes).
+    pub fn largest_piece(&self) -> Option<(usize, u64)> {
+        self.blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let piece = match b {
+                    PlaneBlocks::Stored(_) => 0,
+                    // Every block but the last is block_size long.
+                    PlaneBlocks::Zstd(z) if z.count() > 0 => z.bounds(0).end - z.bounds(0).start,
+                    PlaneBlocks::Zstd(_) => 0,
+                    // Chunks are [j*n/k, (j+1)*n/k): none is longer than ceil(n/k).
+                    PlaneBlocks::Rans(r) => r.len().div_ceil(r.chunks().max(1) as u64),
+                };
+                (i, piece)
+            })
+            .max_by_key(|&(_, piece)| piece)
+    }
+
     /// Natural block grid in elements: the boundaries of the first plane that
     /// has more than one block, or one block for the whole body.
     pub fn grid(&self) -> Vec<u64> {
@@ -703,10 +764,24 @@ fn parse_palette(bytes: &[u8]) -> Result<PaletteFrame<'_>> {
         (cb, c.rest())
     };
     if count > 0 {
-        if k == 0 || (index_width == 1 && k > 256) || (index_width == 2 && k > 65536) {
+        // z4ai writes the distinct values (so k <= count) with the
+        // narrowest index that holds k (so no wider than the elements):
+        // anything else would let a small frame claim a codebook or an
+        // index larger than its output.
+        if k == 0
+            || u64::from(k) > count
+            || (index_width == 1 && k > 256)
+            || (index_width == 2 && k > 65536)
+        {
             return Err(CodecError::invalid(
                 "ZPL1 frame",
-                format!("{k} codebook entries"),
+                format!("{k} codebook entries for {count} elements"),
+            ));
+        }
+        if index_width > width {
+            return Err(CodecError::invalid(
+                "ZPL1 frame",
+                format!("{index_width}-byte indices for {width}-byte elements"),
             ));
         }
         check_zstd_size(codebook, k as u64 * width as u64, "ZPL1 codebook")?;

@@ -133,6 +133,52 @@ impl TensorEntry {
     pub fn known_dtype(&self) -> Option<Dtype> {
         Dtype::parse(&self.dtype)
     }
+
+    /// The checks safetensors makes of one entry against a data buffer of
+    /// `data_len` bytes: a known dtype, a forward span inside the buffer,
+    /// `shape × dtype size == span` with checked arithmetic. (Overlaps
+    /// between entries are [`Header::validate`]'s.)
+    pub fn validate(&self, data_len: u64) -> Result<(), HeaderError> {
+        let t = self;
+        let dtype = t.known_dtype().ok_or_else(|| HeaderError::UnknownDtype {
+            name: t.name.clone(),
+            dtype: t.dtype.clone(),
+        })?;
+        if t.end < t.begin {
+            return Err(HeaderError::Reversed {
+                name: t.name.clone(),
+                begin: t.begin,
+                end: t.end,
+            });
+        }
+        if t.end > data_len {
+            return Err(HeaderError::OutOfBounds {
+                name: t.name.clone(),
+                begin: t.begin,
+                end: t.end,
+                data_len,
+            });
+        }
+        let overflow = || HeaderError::ShapeOverflow {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+        };
+        let mut numel: u64 = 1;
+        for &d in &t.shape {
+            numel = numel.checked_mul(d).ok_or_else(overflow)?;
+        }
+        let bits = numel.checked_mul(dtype.bits()).ok_or_else(overflow)?;
+        if bits % 8 != 0 || bits / 8 != t.len() {
+            return Err(HeaderError::SpanMismatch {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                dtype: dtype.name(),
+                expected: bits.div_ceil(8),
+                actual: t.len(),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -214,29 +260,38 @@ impl Header {
     /// Parses header JSON leniently: names, dtype strings, shapes and offsets,
     /// with no cross-checks. Entries whose fields are missing or of the wrong
     /// JSON type are still errors (nothing sensible could be served).
+    ///
+    /// Like a JSON object, a name given twice keeps its first place and its
+    /// last value.
     pub fn parse_entries(raw: &[u8]) -> Result<Header, HeaderError> {
-        let text = std::str::from_utf8(raw).map_err(|e| HeaderError::InvalidJson(e.to_string()))?;
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| HeaderError::InvalidJson(e.to_string()))?;
-        let obj = value.as_object().ok_or(HeaderError::NotAnObject)?;
-        let mut metadata = None;
-        let mut tensors = Vec::with_capacity(obj.len());
-        for (name, v) in obj {
-            if name == "__metadata__" {
-                let m = v
-                    .as_object()
-                    .ok_or_else(|| HeaderError::InvalidMetadata("not an object".into()))?;
-                let mut pairs = Vec::with_capacity(m.len());
-                for (k, val) in m {
-                    let s = val.as_str().ok_or_else(|| {
-                        HeaderError::InvalidMetadata(format!("value of {k:?} is not a string"))
-                    })?;
-                    pairs.push((k.clone(), s.to_string()));
+        let mut tensors = Vec::new();
+        let metadata = for_each_entry(raw, |t| {
+            tensors.push(t);
+            Ok(())
+        })?;
+        // Duplicate names (rare: safetensors never writes them) found by
+        // sorting positions, not with a map of every name.
+        let mut order: Vec<usize> = (0..tensors.len()).collect();
+        order.sort_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name).then(a.cmp(&b)));
+        let mut dropped = vec![false; tensors.len()];
+        let mut moves = Vec::new();
+        for run in order.chunk_by(|&a, &b| tensors[a].name == tensors[b].name) {
+            if let [first, .., last] = *run {
+                moves.push((first, last));
+                for &later in &run[1..] {
+                    dropped[later] = true;
                 }
-                metadata = Some(pairs);
-                continue;
             }
-            tensors.push(parse_entry(name, v)?);
+        }
+        for &(first, last) in &moves {
+            tensors[first] = tensors[last].clone();
+        }
+        if !moves.is_empty() {
+            let mut i = 0;
+            tensors.retain(|_| {
+                i += 1;
+                !dropped[i - 1]
+            });
         }
         Ok(Header {
             raw: raw.to_vec(),
@@ -257,43 +312,7 @@ impl Header {
     /// (they round-trip through an opaque frame), overlaps are not.
     pub fn validate(&self, data_len: u64) -> Result<(), HeaderError> {
         for t in &self.tensors {
-            let dtype = t.known_dtype().ok_or_else(|| HeaderError::UnknownDtype {
-                name: t.name.clone(),
-                dtype: t.dtype.clone(),
-            })?;
-            if t.end < t.begin {
-                return Err(HeaderError::Reversed {
-                    name: t.name.clone(),
-                    begin: t.begin,
-                    end: t.end,
-                });
-            }
-            if t.end > data_len {
-                return Err(HeaderError::OutOfBounds {
-                    name: t.name.clone(),
-                    begin: t.begin,
-                    end: t.end,
-                    data_len,
-                });
-            }
-            let overflow = || HeaderError::ShapeOverflow {
-                name: t.name.clone(),
-                shape: t.shape.clone(),
-            };
-            let mut numel: u64 = 1;
-            for &d in &t.shape {
-                numel = numel.checked_mul(d).ok_or_else(overflow)?;
-            }
-            let bits = numel.checked_mul(dtype.bits()).ok_or_else(overflow)?;
-            if bits % 8 != 0 || bits / 8 != t.len() {
-                return Err(HeaderError::SpanMismatch {
-                    name: t.name.clone(),
-                    shape: t.shape.clone(),
-                    dtype: dtype.name(),
-                    expected: bits.div_ceil(8),
-                    actual: t.len(),
-                });
-            }
+            t.validate(data_len)?;
         }
         let mut order: Vec<&TensorEntry> = self.tensors.iter().collect();
         order.sort_by_key(|t| (t.begin, t.end));
@@ -327,6 +346,85 @@ impl Header {
         }
         cursor == data_len
     }
+}
+
+/// Reads header JSON `raw` one entry at a time, without building the JSON
+/// tree of the whole header (a tree of 10^6 entries takes gigabytes): `f`
+/// gets every tensor entry in file order, as written (a name given twice
+/// comes twice). Returns `__metadata__`, which must map strings to strings.
+/// An error of `f` stops the walk and is returned as it is.
+pub fn for_each_entry(
+    raw: &[u8],
+    mut f: impl FnMut(TensorEntry) -> Result<(), HeaderError>,
+) -> Result<Option<Vec<(String, String)>>, HeaderError> {
+    use serde::de::{Deserializer as _, Error as _, MapAccess, Visitor};
+
+    struct Entries<'f> {
+        f: &'f mut dyn FnMut(TensorEntry) -> Result<(), HeaderError>,
+        metadata: &'f mut Option<Vec<(String, String)>>,
+        failed: &'f mut Option<HeaderError>,
+    }
+    impl<'de> Visitor<'de> for Entries<'_> {
+        type Value = ();
+        fn expecting(&self, out: &mut std::fmt::Formatter) -> std::fmt::Result {
+            out.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut stop = |e: HeaderError| {
+                let msg = e.to_string();
+                *self.failed = Some(e);
+                A::Error::custom(msg)
+            };
+            while let Some(name) = map.next_key::<String>()? {
+                let v: Value = map.next_value()?;
+                if name == "__metadata__" {
+                    *self.metadata = Some(parse_metadata(&v).map_err(&mut stop)?);
+                    continue;
+                }
+                let entry = parse_entry(&name, &v).map_err(&mut stop)?;
+                (self.f)(entry).map_err(&mut stop)?;
+            }
+            Ok(())
+        }
+    }
+
+    let text = std::str::from_utf8(raw).map_err(|e| HeaderError::InvalidJson(e.to_string()))?;
+    if !text.trim_start().starts_with('{') {
+        // Valid JSON of another type is "not an object", as before.
+        return match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Ok(_) => Err(HeaderError::NotAnObject),
+            Err(e) => Err(HeaderError::InvalidJson(e.to_string())),
+        };
+    }
+    let mut metadata = None;
+    let mut failed = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let walked = de
+        .deserialize_map(Entries {
+            f: &mut f,
+            metadata: &mut metadata,
+            failed: &mut failed,
+        })
+        .and_then(|()| de.end());
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    walked.map_err(|e| HeaderError::InvalidJson(e.to_string()))?;
+    Ok(metadata)
+}
+
+fn parse_metadata(v: &Value) -> Result<Vec<(String, String)>, HeaderError> {
+    let m = v
+        .as_object()
+        .ok_or_else(|| HeaderError::InvalidMetadata("not an object".into()))?;
+    let mut pairs = Vec::with_capacity(m.len());
+    for (k, val) in m {
+        let s = val.as_str().ok_or_else(|| {
+            HeaderError::InvalidMetadata(format!("value of {k:?} is not a string"))
+        })?;
+        pairs.push((k.clone(), s.to_string()));
+    }
+    Ok(pairs)
 }
 
 fn parse_entry(name: &str, v: &Value) -> Result<TensorEntry, HeaderError> {
@@ -388,6 +486,51 @@ mod tests {
         v.extend_from_slice(header.as_bytes());
         v.extend_from_slice(data);
         v
+    }
+
+    #[test]
+    fn a_name_given_twice_keeps_its_first_place_and_its_last_value() {
+        let h = br#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"I8","shape":[1],"data_offsets":[2,3]}}"#;
+        let hdr = Header::parse_entries(h).unwrap();
+        let got: Vec<(&str, &str, u64)> = hdr
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.dtype.as_str(), t.begin))
+            .collect();
+        assert_eq!(got, vec![("a", "I8", 2), ("b", "U8", 1)]);
+        // The walk itself passes every entry as written.
+        let mut n = 0;
+        for_each_entry(h, |_| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn the_walk_reports_what_parse_reports() {
+        assert_eq!(
+            Header::parse_entries(b"[1, 2]").unwrap_err(),
+            HeaderError::NotAnObject
+        );
+        assert!(matches!(
+            Header::parse_entries(br#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} x"#)
+                .unwrap_err(),
+            HeaderError::InvalidJson(_)
+        ));
+        assert!(matches!(
+            Header::parse_entries(br#"{"a":{"dtype":"U8"}}"#).unwrap_err(),
+            HeaderError::InvalidEntry { .. }
+        ));
+        assert!(matches!(
+            Header::parse_entries(br#"{"__metadata__":{"k":1}}"#).unwrap_err(),
+            HeaderError::InvalidMetadata(_)
+        ));
+        // An error of the callback comes back as it is.
+        let h = br#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+        let e = for_each_entry(h, |_| Err(HeaderError::DuplicateName("x".into()))).unwrap_err();
+        assert_eq!(e, HeaderError::DuplicateName("x".into()));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use crate::format::cursor::Cursor;
 use crate::format::error::CodecError;
+use crate::format::frame::Frame;
 use crate::format::safetensors::MAX_HEADER_LEN;
 use std::ops::Range;
 use thiserror::Error;
@@ -37,6 +38,10 @@ pub enum ZstnError {
     Footer(String),
     #[error("index: {0}")]
     Index(String),
+    /// Lengths that cannot all be true: the reconstructed file's size
+    /// overflows, or the opaque frame decodes to another length.
+    #[error("sizes do not add up: {0}")]
+    Sizes(String),
     #[error("record {index} ({name:?}): {what}")]
     Record {
         index: usize,
@@ -79,10 +84,52 @@ impl Record {
     }
 }
 
+/// A record as the parser keeps it: its name stays in the file (where
+/// [`IndexRecord::name`] reads it), so an index of 10^6 tensors costs
+/// 56 bytes a record and no allocation per record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexRecord {
+    /// Offset of the name's bytes in the file (checked UTF-8).
+    pub name_at: u64,
+    pub name_len: u16,
+    pub begin: u64,
+    pub end: u64,
+    pub kind: RecordKind,
+}
+
+impl IndexRecord {
+    /// The record's name; `file` is the whole file the index was parsed
+    /// from.
+    pub fn name<'a>(&self, file: &'a [u8]) -> &'a str {
+        let at = self.name_at as usize;
+        file.get(at..at + self.name_len as usize)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("")
+    }
+    /// The owned record (what the writer renders).
+    pub fn to_record(&self, file: &[u8]) -> Record {
+        Record {
+            name: self.name(file).to_string(),
+            begin: self.begin,
+            end: self.end,
+            kind: self.kind,
+        }
+    }
+    pub fn span(&self) -> Range<u64> {
+        self.begin..self.end
+    }
+    pub fn len(&self) -> u64 {
+        self.end - self.begin
+    }
+    pub fn is_empty(&self) -> bool {
+        self.end == self.begin
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
     Indexed {
-        records: Vec<Record>,
+        records: Vec<IndexRecord>,
         /// Offset where the frames section starts (right after `data_len`).
         frames_start: u64,
         index_offset: u64,
@@ -164,6 +211,7 @@ impl Zstn {
             1 => parse_indexed(file, body, data_len)?,
             c => return Err(ZstnError::Contiguous(c)),
         };
+        check_sizes(file, hlen, data_len, &layout)?;
         Ok(Zstn {
             header,
             data_len,
@@ -182,12 +230,51 @@ impl Zstn {
         8 + (self.header.end - self.header.start)
     }
 
-    pub fn records(&self) -> &[Record] {
+    pub fn records(&self) -> &[IndexRecord] {
         match &self.layout {
             Layout::Indexed { records, .. } => records,
             Layout::Opaque { .. } => &[],
         }
     }
+}
+
+/// The one check that the sizes a container states add up, made at parse
+/// (so by every reader: the mount's open, `verify`, `unpack`): the
+/// reconstructed file, `8 + hlen + data_len` bytes, has a size a file can
+/// have (at most 2^63 - 1, what `st_size` holds), and the opaque frame of a
+/// `contiguous = 0` file decodes to exactly `data_len` bytes (its header
+/// says so without decoding). Indexed records were checked to tile
+/// `data_len`; each frame's own decoded length is checked when its grid is
+/// built, before any of its bytes are served.
+fn check_sizes(file: &[u8], hlen: u64, data_len: u64, layout: &Layout) -> Result<(), ZstnError> {
+    let total = 8u64
+        .checked_add(hlen)
+        .and_then(|n| n.checked_add(data_len))
+        .filter(|&n| n <= i64::MAX as u64);
+    if total.is_none() {
+        return Err(ZstnError::Sizes(format!(
+            "a {hlen}-byte header and a {data_len}-byte data buffer make a file larger than 2^63 - 1 bytes"
+        )));
+    }
+    if let Layout::Opaque {
+        frame_offset,
+        frame_len,
+    } = *layout
+    {
+        let bytes = &file[frame_offset as usize..(frame_offset + frame_len) as usize];
+        let frame = Frame::parse(bytes).map_err(|e| ZstnError::Record {
+            index: 0,
+            name: "<whole data buffer>".into(),
+            what: e.to_string(),
+        })?;
+        if frame.decoded_len() != data_len {
+            return Err(ZstnError::Sizes(format!(
+                "the data buffer's frame decodes to {} bytes, the header says {data_len}",
+                frame.decoded_len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn parse_indexed(file: &[u8], frames_start: u64, data_len: u64) -> Result<Layout, ZstnError> {
@@ -216,19 +303,20 @@ fn parse_indexed(file: &[u8], frames_start: u64, data_len: u64) -> Result<Layout
             "{n} records cannot fit in {index_len} bytes"
         )));
     }
-    let mut records = Vec::with_capacity(n as usize);
+    let mut records: Vec<IndexRecord> = Vec::with_capacity(n as usize);
     let mut cursor = 0u64;
     for i in 0..n as usize {
         let nl = c.u16("record name length")?;
+        let name_at = index_offset + c.pos() as u64;
         let name_b = c.take(nl as u64, "record name")?;
-        let name = String::from_utf8(name_b.to_vec())
+        let name = std::str::from_utf8(name_b)
             .map_err(|_| ZstnError::Index(format!("record {i}: name is not UTF-8")))?;
         let begin = c.u64("record span")?;
         let end = c.u64("record span")?;
         let kind_b = c.u8("record kind")?;
         let bad = |what: String| ZstnError::Record {
             index: i,
-            name: name.clone(),
+            name: name.to_string(),
             what,
         };
         let kind = match kind_b {
@@ -257,7 +345,7 @@ fn parse_indexed(file: &[u8], frames_start: u64, data_len: u64) -> Result<Layout
             )));
         }
         if let RecordKind::Ref(t) = kind {
-            let target: &Record = match records.get(t as usize) {
+            let target: &IndexRecord = match records.get(t as usize) {
                 Some(r) => r,
                 None => return Err(bad(format!("REF to record {t}, which does not precede it"))),
             };
@@ -272,8 +360,9 @@ fn parse_indexed(file: &[u8], frames_start: u64, data_len: u64) -> Result<Layout
                 )));
             }
         }
-        records.push(Record {
-            name,
+        records.push(IndexRecord {
+            name_at,
+            name_len: nl,
             begin,
             end,
             kind,
@@ -357,5 +446,45 @@ mod tests {
         let z = Zstn::parse(&f).unwrap();
         assert_eq!(z.logical_len(), 16);
         assert!(z.records().is_empty());
+    }
+
+    /// An opaque (`contiguous = 0`) file of one stored frame of `frame_len`
+    /// bytes, stating `data_len`.
+    fn opaque_file(data_len: u64, frame_len: u64) -> Vec<u8> {
+        let mut f = render_head(b"{}      ", data_len, false);
+        let frame =
+            crate::test_support::z4ai_opaque_frame(0, frame_len, &vec![7; frame_len as usize]);
+        f.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        f.extend_from_slice(&frame);
+        f
+    }
+
+    #[test]
+    fn a_data_len_that_overflows_the_file_size_is_refused() {
+        assert_eq!(Zstn::parse(&opaque_file(40, 40)).unwrap().logical_len(), 56);
+        for data_len in [u64::MAX, u64::MAX - 15, 1 << 63] {
+            let e = Zstn::parse(&opaque_file(data_len, 40)).unwrap_err();
+            assert!(matches!(e, ZstnError::Sizes(_)), "{data_len}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_opaque_frame_of_another_length_is_refused() {
+        let e = Zstn::parse(&opaque_file(41, 40)).unwrap_err().to_string();
+        assert!(e.contains("decodes to 40 bytes"), "{e}");
+    }
+
+    #[test]
+    fn an_indexed_span_that_overflows_the_file_size_is_refused() {
+        let frame = crate::test_support::z4ai_opaque_frame(0, 4, b"abcd");
+        let mut f = crate::test_support::zstn_of_frames(&[("w", 4, frame)]);
+        // Make record 0 span [0, 2^64 - 1) and data_len agree with it.
+        let hlen = u64::from_le_bytes(f[6..14].try_into().unwrap()) as usize;
+        f[14 + hlen..22 + hlen].copy_from_slice(&u64::MAX.to_le_bytes());
+        let index = u64::from_le_bytes(f[f.len() - 20..f.len() - 12].try_into().unwrap()) as usize;
+        let end_at = index + 4 + 2 + 1 + 8;
+        f[end_at..end_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = Zstn::parse(&f).unwrap_err();
+        assert!(matches!(e, ZstnError::Sizes(_)), "{e}");
     }
 }

@@ -237,7 +237,11 @@ impl Seal {
 
 /// The first stretch of `[frames_start, index_offset)` that no FRAME
 /// record covers, as (offset, length).
-fn uncovered(records: &[zstn::Record], frames_start: u64, index_offset: u64) -> Option<(u64, u64)> {
+fn uncovered(
+    records: &[zstn::IndexRecord],
+    frames_start: u64,
+    index_offset: u64,
+) -> Option<(u64, u64)> {
     let mut frames: Vec<(u64, u64)> = records
         .iter()
         .filter_map(|r| match r.kind {
@@ -417,8 +421,9 @@ mod tests {
 
     #[test]
     fn unreferenced_bytes_between_frames_are_found() {
-        let rec = |offset, len| zstn::Record {
-            name: String::new(),
+        let rec = |offset, len| zstn::IndexRecord {
+            name_at: 0,
+            name_len: 0,
             begin: 0,
             end: 0,
             kind: RecordKind::Frame { offset, len },

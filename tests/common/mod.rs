@@ -19,6 +19,8 @@ pub use fixtures::*;
 #[allow(unused_imports)]
 pub use mount::{Aligned, Mount};
 pub use test_support::{vector_stems, vectors_dir};
+#[allow(unused_imports)]
+pub use test_support::{z4ai_opaque_frame, zstd_rle_frame, zstn_of_frames, zstn_with_header};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
