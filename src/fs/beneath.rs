@@ -67,6 +67,11 @@ thread_local! {
     static CALLER: RefCell<Option<Ids>> = const { RefCell::new(None) };
 }
 
+/// Who this thread accesses STORE for now (None: the daemon itself).
+pub fn current_caller() -> Option<Ids> {
+    CALLER.with(|c| c.borrow().clone())
+}
+
 /// Until dropped, STORE is accessed from this thread as `ids` (restores
 /// the previous caller on drop).
 #[must_use]

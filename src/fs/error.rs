@@ -47,8 +47,6 @@ pub enum FsError {
     Exists,
     #[error("directory not empty")]
     NotEmpty,
-    #[error("cannot be renamed in place; copy it instead")]
-    CopyInstead,
     #[error("invalid access mode (O_WRONLY and O_RDWR)")]
     BadAccessMode,
     #[error("unsupported rename flags {0:#x}")]
@@ -93,9 +91,6 @@ impl FsError {
             // A `.blz` always has content; a directory may hold staged files
             // that STORE does not show.
             FsError::NotEmpty => libc::ENOTEMPTY,
-            // An archive can only be presented as `X.safetensors`;
-            // mv(1) and shutil.move copy on EXDEV.
-            FsError::CopyInstead => libc::EXDEV,
             // open(2)'s errno for an access mode of both O_WRONLY and O_RDWR.
             FsError::BadAccessMode => libc::EINVAL,
             // rename(2)'s errno for RENAME_EXCHANGE / RENAME_WHITEOUT on a
@@ -150,7 +145,6 @@ mod tests {
             (FsError::NotLinkable, libc::EPERM),
             (FsError::Exists, libc::EEXIST),
             (FsError::NotEmpty, libc::ENOTEMPTY),
-            (FsError::CopyInstead, libc::EXDEV),
             (FsError::BadAccessMode, libc::EINVAL),
             (
                 FsError::UnsupportedRenameFlags(libc::RENAME_EXCHANGE),

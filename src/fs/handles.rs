@@ -59,6 +59,10 @@ pub(super) struct PlainHandle {
     /// Opened for writing: counted in `CheckpointFs::writers` under this
     /// identity until released.
     pub(super) writer: Option<Identity>,
+    /// Who opened it for writing (with `--allow-other`): the last close
+    /// checks as them that a file with safetensors content may be moved
+    /// into the spool (`write::adopt`).
+    pub(super) opener: Option<super::beneath::Ids>,
 }
 
 pub(super) enum Handle {
@@ -113,6 +117,7 @@ impl CheckpointFs {
             identity,
             cached: !passthrough,
             writer,
+            opener: writer.and_then(|_| super::beneath::current_caller()),
         }));
         Opened::Plain {
             fh,
@@ -150,13 +155,18 @@ impl CheckpointFs {
     }
 
     /// Closes a handle. The last writer of a staged file queues it for
-    /// compression (the close does not wait for it).
+    /// compression (the close does not wait for it); the last writer of a
+    /// plain file with safetensors content stages it first (`adopt`).
     pub fn release(&self, fh: u64) {
         let h = self.handles.write().remove(&fh);
         if let Some(h) = h {
             if let Handle::Plain(p) = &*h {
                 match p.writer {
-                    Some(id) => self.writer_closed(id),
+                    Some(id) => {
+                        self.writer_closed(id);
+                        let _as = p.opener.clone().map(super::beneath::on_behalf);
+                        self.adopt_if_safetensors(p.ino, id);
+                    }
                     None => self.handle_closed(p.identity),
                 }
             }

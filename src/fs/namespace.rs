@@ -3,10 +3,15 @@
 //! - a regular file `X.zstn` is presented as `X.safetensors`;
 //! - a regular file `X.safetensors.zstn` is presented as `X.safetensors` too
 //!   (and wins over `X.zstn` if both exist);
+//! - a regular file `N.zsame` (a `.zstn` archive whose name is kept: a
+//!   file with safetensors content written under any other name, such as
+//!   the Hugging Face cache's `blobs/<sha256>`) is presented as `N`,
+//!   exactly (`N` not empty, `.` or `..`);
 //! - a regular file `X.blz` (a whole model directory) is presented as a
 //!   read-only directory `X` (its contents are served by `CheckpointFs`);
-//! - a plain entry wins over any archive presenting the same name, and a
-//!   `.zstn` wins over a `.blz`: the loser is shadowed and a warning is
+//! - a plain entry wins over any archive presenting the same name; of the
+//!   archives, `X.safetensors.zstn`, then `X.zstn`, then `N.zsame`, then
+//!   `N.blz` (the order of [`archive_candidates`]): the loser is shadowed and a warning is
 //!   logged (once per backing path);
 //! - everything else (directories, symlinks, other files, and a `.zstn`
 //!   that is not a regular file) is presented under its own name.
@@ -22,6 +27,15 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 pub const ARCHIVE_SUFFIX: &[u8] = b".zstn";
 pub const PRESENTED_SUFFIX: &[u8] = b".safetensors";
 pub const BLZ_SUFFIX: &[u8] = b".blz";
+/// A `.zstn` archive presented under its own name less this suffix.
+pub const KEPT_SUFFIX: &[u8] = b".zsame";
+
+/// The stem of `N.zsame` (the name it presents), if `name` is one.
+fn kept_stem(name: &OsStr) -> Option<&[u8]> {
+    name.as_bytes()
+        .strip_suffix(KEPT_SUFFIX)
+        .filter(|stem| !stem.is_empty() && *stem != b"." && *stem != b"..")
+}
 
 /// True when `name` is a `.blz` model archive name (`X.blz`, `X` not empty).
 pub fn is_blz_name(name: &OsStr) -> bool {
@@ -30,9 +44,12 @@ pub fn is_blz_name(name: &OsStr) -> bool {
         .is_some_and(|stem| !stem.is_empty())
 }
 
-/// The name a backing archive `X.zstn` / `X.safetensors.zstn` is shown as,
-/// or `None` if `name` is not an archive name.
+/// The name a backing archive `X.zstn` / `X.safetensors.zstn` / `N.zsame`
+/// / `X.blz` is shown as, or `None` if `name` is not an archive name.
 pub fn presented_name(name: &OsStr) -> Option<OsString> {
+    if let Some(stem) = kept_stem(name) {
+        return Some(OsString::from_vec(stem.to_vec()));
+    }
     if is_blz_name(name) {
         let stem = name.as_bytes().strip_suffix(BLZ_SUFFIX)?;
         return Some(OsString::from_vec(stem.to_vec()));
@@ -61,6 +78,24 @@ pub fn is_staging_name(name: &OsStr) -> bool {
         .is_some_and(|stem| !stem.is_empty())
 }
 
+/// The archive name a staged file `name` with safetensors content is
+/// committed as when no archive presents it yet: `X.zstn` for
+/// `X.safetensors`, `N.zsame` for any other name `N`.
+pub fn archive_name_for(name: &OsStr) -> OsString {
+    if is_staging_name(name) {
+        zstn_name_for(name)
+    } else {
+        kept_name_for(name)
+    }
+}
+
+/// `N.zsame`: the archive presenting `name` under its own name.
+pub fn kept_name_for(name: &OsStr) -> OsString {
+    let mut out = name.as_bytes().to_vec();
+    out.extend_from_slice(KEPT_SUFFIX);
+    OsString::from_vec(out)
+}
+
 /// The archive name a staged `X.safetensors` is committed as: `X.zstn`.
 pub fn zstn_name_for(name: &OsStr) -> OsString {
     let stem = name
@@ -86,6 +121,7 @@ pub fn archive_candidates(name: &OsStr) -> Vec<OsString> {
         }
     }
     if !name.is_empty() && name.as_bytes() != b"." && name.as_bytes() != b".." {
+        out.push(kept_name_for(name));
         let mut blz = name.as_bytes().to_vec();
         blz.extend_from_slice(BLZ_SUFFIX);
         out.push(OsString::from_vec(blz));
@@ -141,8 +177,8 @@ pub fn resolve_dir(entries: &[(OsString, bool)]) -> (Vec<Resolved>, Vec<Shadowed
         .filter(|(n, regular)| *regular && is_archive_name(n))
         .map(|(n, _)| (presented_name(n).expect("archive name"), n.clone()))
         .collect();
-    // `X.safetensors.zstn` before `X.zstn` before `X.safetensors.blz` for
-    // the same presented name.
+    // `X.safetensors.zstn` before `X.zstn` before `X.safetensors.zsame`
+    // before `X.safetensors.blz` for the same presented name.
     archives.sort_by(|a, b| a.0.cmp(&b.0).then(rank(&a.0, &a.1).cmp(&rank(&b.0, &b.1))));
     for (presented, backing) in archives {
         match by_name.get(&presented) {
@@ -189,16 +225,67 @@ mod tests {
             vec![
                 os("m.safetensors.zstn"),
                 os("m.zstn"),
+                os("m.safetensors.zsame"),
                 os("m.safetensors.blz")
             ]
         );
         assert_eq!(
             archive_candidates(&os("config.json")),
-            vec![os("config.json.blz")]
+            vec![os("config.json.zsame"), os("config.json.blz")]
         );
         assert_eq!(presented_name(&os("model.blz")), Some(os("model")));
         assert_eq!(presented_name(&os(".blz")), None);
         assert!(is_blz_name(&os("model.blz")) && !is_blz_name(&os(".blz")));
+    }
+
+    #[test]
+    fn kept_archives_present_under_their_stem_exactly() {
+        let sha = "7c4a0b7d2c1e5f3a9b8e6d4c2a0f1e3d5b7a9c8e6f4d2b0a1c3e5f7a9b8d6c4e";
+        assert_eq!(presented_name(&os(&format!("{sha}.zsame"))), Some(os(sha)));
+        assert_eq!(
+            presented_name(&os("m.safetensors.zsame")),
+            Some(os("m.safetensors"))
+        );
+        assert_eq!(presented_name(&os("x.zstn.zsame")), Some(os("x.zstn")));
+        for bad in [".zsame", "..zsame", "...zsame", "m.zsame.x"] {
+            assert_eq!(presented_name(&os(bad)), None, "{bad}");
+        }
+        assert_eq!(presented_name(&os("....zsame")), Some(os("...")));
+        assert!(is_archive_name(&os("a.bin.zsame")));
+        assert_eq!(archive_name_for(&os("a.safetensors")), os("a.zstn"));
+        assert_eq!(archive_name_for(&os(sha)), os(&format!("{sha}.zsame")));
+        assert_eq!(
+            archive_name_for(&os("x.safetensors.incomplete")),
+            os("x.safetensors.incomplete.zsame")
+        );
+    }
+
+    #[test]
+    fn plain_beats_kept_archive_and_zstn_beats_kept() {
+        let entries = vec![
+            (os("a.zsame"), true),
+            (os("a"), true),
+            (os("b.zsame"), true),
+            (os("b.blz"), true),
+            (os("m.safetensors.zsame"), true),
+            (os("m.zstn"), true),
+            (os("d.zsame"), false), // a directory: shown as itself
+        ];
+        let (list, shadowed) = resolve_dir(&entries);
+        let names: Vec<_> = list
+            .iter()
+            .map(|r| (r.presented.clone(), r.backing.clone(), r.archive))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                (os("a"), os("a"), false),
+                (os("b"), os("b.zsame"), true),
+                (os("d.zsame"), os("d.zsame"), false),
+                (os("m.safetensors"), os("m.zstn"), true),
+            ]
+        );
+        assert_eq!(shadowed.len(), 3);
     }
 
     #[test]

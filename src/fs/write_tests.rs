@@ -182,7 +182,8 @@ fn incomplete_renamed_to_safetensors_becomes_a_compression_candidate() {
     let fs = fs_over(d.path());
     let bytes = st_bytes(2, 50_000);
     write_new(&fs, ROOT_INO, "a.safetensors.incomplete", &bytes);
-    assert!(d.path().join("a.safetensors.incomplete").exists());
+    // Safetensors content: staged at close whatever the name.
+    assert_eq!(names(d.path()), vec![SPOOL_DIR]);
     fs.lookup(ROOT_INO, OsStr::new("a.safetensors.incomplete"))
         .unwrap();
     fs.rename(
@@ -343,17 +344,31 @@ fn renames_keep_the_name_mapping_and_refuse_what_cannot_be_presented() {
     )
     .unwrap();
     assert_eq!(names(&d.path().join("run")), vec!["n.zstn"]);
-    // An archive cannot be presented under another kind of name.
+    // Under a name that is not `X.safetensors` an archive keeps that name
+    // exactly, as `N.zsame`, and back.
     fs.lookup(sub.attr.ino, OsStr::new("n.safetensors"))
         .unwrap();
-    let r = fs.rename(
+    fs.rename(
         sub.attr.ino,
         OsStr::new("n.safetensors"),
         ROOT_INO,
         OsStr::new("n.bin"),
         0,
-    );
-    assert_eq!(r.unwrap_err().errno(), libc::EXDEV);
+    )
+    .unwrap();
+    assert!(names(&d.path().join("run")).is_empty());
+    assert_eq!(names(d.path()), vec![SPOOL_DIR, "n.bin.zsame", "run"]);
+    let e = fs.lookup(ROOT_INO, OsStr::new("n.bin")).unwrap();
+    assert_eq!(read_ino(&fs, e.attr.ino), bytes);
+    fs.rename(
+        ROOT_INO,
+        OsStr::new("n.bin"),
+        sub.attr.ino,
+        OsStr::new("n.safetensors"),
+        0,
+    )
+    .unwrap();
+    assert_eq!(names(&d.path().join("run")), vec!["n.zstn"]);
     // A staged file inside a renamed directory follows it.
     write_new(&fs, sub.attr.ino, "s.safetensors", &bytes);
     fs.rename(ROOT_INO, OsStr::new("run"), ROOT_INO, OsStr::new("run2"), 0)
@@ -362,8 +377,10 @@ fn renames_keep_the_name_mapping_and_refuse_what_cannot_be_presented() {
     assert_eq!(names(&d.path().join("run2")), vec!["n.zstn", "s.zstn"]);
     assert_eq!(unpack(&d.path().join("run2/s.zstn")), bytes);
     // Reserved names.
-    let r = fs.create(ROOT_INO, OsStr::new("x.zstn"), 0o644, libc::O_WRONLY, ME);
-    assert_eq!(r.unwrap_err().errno(), libc::EPERM);
+    for reserved in ["x.zstn", "x.blz", "x.zsame"] {
+        let r = fs.create(ROOT_INO, OsStr::new(reserved), 0o644, libc::O_WRONLY, ME);
+        assert_eq!(r.unwrap_err().errno(), libc::EPERM, "{reserved}");
+    }
     let r = fs.mkdir(ROOT_INO, OsStr::new(SPOOL_DIR), 0o755, ME);
     assert_eq!(r.unwrap_err().errno(), libc::EPERM);
 }
@@ -464,4 +481,204 @@ fn writeback_thread_wakes_for_work_and_for_stop() {
     fs.run_writeback();
     assert_eq!(names(d.path()), vec![SPOOL_DIR, "m.zstn", "n.zstn"]);
     assert_eq!(unpack(&d.path().join("n.zstn")), bytes);
+}
+
+fn listing(fs: &CheckpointFs, dir: u64) -> Vec<OsString> {
+    struct V(Vec<OsString>);
+    impl DirectoryReplier for V {
+        fn add(&mut self, _: u64, _: u64, _: FileKind, n: &OsStr) -> bool {
+            self.0.push(n.to_os_string());
+            false
+        }
+    }
+    let fh = fs.opendir(dir).unwrap();
+    let mut v = V(Vec::new());
+    fs.readdir(fh, 0, &mut v).unwrap();
+    fs.releasedir(fh);
+    v.0.retain(|n| n != "." && n != "..");
+    v.0
+}
+
+const SHA: &str = "3f1e9c0a5b7d2e4f6a8c0b2d4e6f8a1c3e5b7d9f0a2c4e6b8d0f1a3c5e7b9d2f";
+
+/// huggingface_hub's cache write, in its order: `blobs/<sha>.<rnd>.incomplete`
+/// written and closed (when `close_first`; else the rename arrives before
+/// the release, as FUSE may deliver them), a probe file touched and removed,
+/// chmod, rename to `blobs/<sha>`, and a relative symlink from the snapshot.
+fn hf_cache_write(fs: &CheckpointFs, bytes: &[u8], close_first: bool) -> (u64, u64) {
+    let hub = fs
+        .mkdir(ROOT_INO, OsStr::new("models--o--m"), 0o755, ME)
+        .unwrap();
+    let hub = hub.attr.ino;
+    let blobs = fs
+        .mkdir(hub, OsStr::new("blobs"), 0o755, ME)
+        .unwrap()
+        .attr
+        .ino;
+    let snaps = fs
+        .mkdir(hub, OsStr::new("snapshots"), 0o755, ME)
+        .unwrap()
+        .attr
+        .ino;
+    let rev = fs
+        .mkdir(snaps, OsStr::new("0123abcd"), 0o755, ME)
+        .unwrap()
+        .attr
+        .ino;
+    let tmp = format!("{SHA}.1a2b3c4d.incomplete");
+    let (_, o) = fs
+        .create(
+            blobs,
+            OsStr::new(&tmp),
+            0o644,
+            libc::O_WRONLY | libc::O_TRUNC,
+            ME,
+        )
+        .unwrap();
+    let fh = fh_of(&o);
+    for (i, c) in bytes.chunks(65_536).enumerate() {
+        fs.write(fh, (i * 65_536) as u64, c).unwrap();
+    }
+    if close_first {
+        fs.release(fh);
+    }
+    let probe = write_new(fs, blobs, "tmp_5e0f", b"");
+    assert!(probe > 0);
+    fs.unlink(blobs, OsStr::new("tmp_5e0f")).unwrap();
+    let e = fs.lookup(blobs, OsStr::new(&tmp)).unwrap();
+    fs.setattr(
+        e.attr.ino,
+        SetAttr {
+            mode: Some(0o640),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    fs.rename(blobs, OsStr::new(&tmp), blobs, OsStr::new(SHA), 0)
+        .unwrap();
+    if !close_first {
+        fs.release(fh);
+    }
+    let target = format!("../../blobs/{SHA}");
+    fs.symlink(rev, OsStr::new("model.safetensors"), Path::new(&target), ME)
+        .unwrap();
+    (blobs, rev)
+}
+
+#[test]
+fn hf_cache_blob_is_compressed_under_its_own_name() {
+    for close_first in [true, false] {
+        let d = tempfile::tempdir().unwrap();
+        let fs = fs_over(d.path());
+        let bytes = st_bytes(21, 200_000);
+        let (blobs, rev) = hf_cache_write(&fs, &bytes, close_first);
+        fs.run_writeback();
+        let hub = d.path().join("models--o--m");
+        assert_eq!(names(&hub.join("blobs")), vec![format!("{SHA}.zsame")]);
+        assert!(spool_names(d.path()).is_empty());
+        let stored = hub.join("blobs").join(format!("{SHA}.zsame"));
+        assert_eq!(unpack(&stored), bytes);
+        assert!(std::fs::metadata(&stored).unwrap().len() < bytes.len() as u64);
+        // Presented under its own name, with its bytes, mode and size.
+        assert_eq!(listing(&fs, blobs), vec![OsString::from(SHA)]);
+        let e = fs.lookup(blobs, OsStr::new(SHA)).unwrap();
+        assert_eq!(e.attr.size, bytes.len() as u64);
+        assert_eq!(e.attr.perm & 0o7777, 0o640);
+        assert_eq!(read_ino(&fs, e.attr.ino), bytes);
+        // The snapshot's symlink is stored and presented as written.
+        let link = hub.join("snapshots/0123abcd/model.safetensors");
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new(&format!("../../blobs/{SHA}"))
+        );
+        let l = fs.lookup(rev, OsStr::new("model.safetensors")).unwrap();
+        assert_eq!(
+            fs.readlink(l.attr.ino).unwrap(),
+            format!("../../blobs/{SHA}").as_bytes()
+        );
+        // Removing the blob removes its archive.
+        fs.unlink(blobs, OsStr::new(SHA)).unwrap();
+        assert!(names(&hub.join("blobs")).is_empty());
+    }
+}
+
+#[test]
+fn files_of_any_name_are_kept_plain_unless_safetensors() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = fs_over(d.path());
+    let cfg = br#"{"architectures": ["BertModel"], "hidden_size": 32}"#;
+    write_new(&fs, ROOT_INO, "config.json", cfg);
+    // A length prefix that fits, then no JSON.
+    let mut fake = 16u64.to_le_bytes().to_vec();
+    fake.extend_from_slice(&[0xAB; 40]);
+    write_new(&fs, ROOT_INO, "weights.bin", &fake);
+    // Data one byte short of what the header says.
+    let mut short = st_bytes(5, 1000);
+    short.pop();
+    write_new(&fs, ROOT_INO, "short", &short);
+    fs.run_writeback();
+    assert_eq!(
+        names(d.path()),
+        vec![SPOOL_DIR, "config.json", "short", "weights.bin"]
+    );
+    assert_eq!(std::fs::read(d.path().join("short")).unwrap(), short);
+    // A git-lfs object: written in a temporary directory, moved to its
+    // place; a plain file already there of that name is what it replaces.
+    let lfs = fs
+        .mkdir(ROOT_INO, OsStr::new("lfs"), 0o755, ME)
+        .unwrap()
+        .attr
+        .ino;
+    let bytes = st_bytes(6, 30_000);
+    write_new(&fs, ROOT_INO, "lfs-tmp", &bytes);
+    write_new(&fs, lfs, "d4c2", b"old plain bytes");
+    fs.lookup(ROOT_INO, OsStr::new("lfs-tmp")).unwrap();
+    fs.rename(ROOT_INO, OsStr::new("lfs-tmp"), lfs, OsStr::new("d4c2"), 0)
+        .unwrap();
+    fs.run_writeback();
+    assert_eq!(names(&d.path().join("lfs")), vec!["d4c2.zsame"]);
+    let e = fs.lookup(lfs, OsStr::new("d4c2")).unwrap();
+    assert_eq!(read_ino(&fs, e.attr.ino), bytes);
+    // Written again in place: copied up, recompressed under the same name.
+    let fh = fh_of(&fs.open(e.attr.ino, libc::O_WRONLY).unwrap());
+    fs.write(fh, 0, &bytes[..8]).unwrap();
+    fs.release(fh);
+    fs.run_writeback();
+    assert_eq!(names(&d.path().join("lfs")), vec!["d4c2.zsame"]);
+    assert_eq!(unpack(&d.path().join("lfs/d4c2.zsame")), bytes);
+    // Truncated to nothing: no longer safetensors, put back plain.
+    fs.setattr(
+        e.attr.ino,
+        SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    fs.run_writeback();
+    assert_eq!(names(&d.path().join("lfs")), vec!["d4c2"]);
+    assert_eq!(std::fs::read(d.path().join("lfs/d4c2")).unwrap(), b"");
+}
+
+#[test]
+fn a_plain_file_beside_a_kept_archive_wins() {
+    let d = tempfile::tempdir().unwrap();
+    let bytes = st_bytes(7, 1000);
+    let mut packed = Vec::new();
+    crate::pack::pack(&bytes, &mut packed, Default::default(), &|_| {}).unwrap();
+    std::fs::write(d.path().join("blob.zsame"), &packed).unwrap();
+    std::fs::write(d.path().join("other.zsame"), &packed).unwrap();
+    std::fs::write(d.path().join("blob"), b"plain").unwrap();
+    let fs = fs_over(d.path());
+    let e = fs.lookup(ROOT_INO, OsStr::new("blob")).unwrap();
+    assert_eq!(read_ino(&fs, e.attr.ino), b"plain");
+    let e = fs.lookup(ROOT_INO, OsStr::new("other")).unwrap();
+    assert_eq!(read_ino(&fs, e.attr.ino), bytes);
+    assert!(matches!(
+        fs.lookup(ROOT_INO, OsStr::new("other.zsame")),
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(listing(&fs, ROOT_INO), vec!["blob", "other"]);
 }

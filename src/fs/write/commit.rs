@@ -181,18 +181,21 @@ impl CheckpointFs {
         Ok(())
     }
 
-    /// The archive name a staged `name` in `dir` is committed as: the
-    /// existing `X.safetensors.zstn` if there is one (it would shadow
-    /// `X.zstn`), else `X.zstn`.
+    /// The archive name a staged `name` in `dir` is committed as: for
+    /// `X.safetensors`, the existing `X.safetensors.zstn` if there is one
+    /// (it would shadow `X.zstn`), else `X.zstn`; for any other name `N`,
+    /// `N.zsame` (doc/FORMAT.md §4).
     pub(super) fn archive_name_in(&self, dir: &Path, name: &OsStr) -> OsString {
-        let cands = namespace::archive_candidates(name);
-        if let Some(long) = cands.first() {
-            if self.store.lstat(&dir.join(long)).is_ok_and(|m| m.is_file())
-                && namespace::presented_name(long).as_deref() == Some(name)
-            {
-                return long.clone();
+        if namespace::is_staging_name(name) {
+            let cands = namespace::archive_candidates(name);
+            if let Some(long) = cands.first() {
+                if self.store.lstat(&dir.join(long)).is_ok_and(|m| m.is_file())
+                    && namespace::presented_name(long).as_deref() == Some(name)
+                {
+                    return long.clone();
+                }
             }
         }
-        namespace::zstn_name_for(name)
+        namespace::archive_name_for(name)
     }
 }

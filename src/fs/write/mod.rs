@@ -7,6 +7,9 @@
 //! - A regular file `X.safetensors` written through the mount (created,
 //!   opened for writing, truncated, or renamed to that name) is staged in
 //!   the spool ([`super::spool`], [`stage`]) and served from there.
+//! - A plain file of any other name whose content is safetensors is
+//!   staged when its last writer closes ([`adopt`]), and stored as
+//!   `N.zsame` under its own name.
 //! - After the last writer closes ([`writers`]), the write-back thread
 //!   ([`queue`]) compresses it and commits the `.zstn` ([`commit`]).
 //!
@@ -22,6 +25,7 @@
 //! and a compression checks `writers` after marking itself running, so a
 //! file is never truncated under the compressor's map.
 
+mod adopt;
 mod commit;
 mod create;
 mod open;

@@ -1,7 +1,7 @@
 //! `unlink` and `rmdir`, and removing every backing a presented name has.
 //!
-//! Unlinking an `X.safetensors` removes the staged copy, the archives that
-//! present it and a plain file of that name. A directory holding staged
+//! Unlinking a file removes the staged copy, the archives that present it
+//! (`X.zstn`, `N.zsame`) and a plain file of that name. A directory holding staged
 //! files is not empty.
 
 use crate::fs::beneath::Beneath;
@@ -63,7 +63,7 @@ impl CheckpointFs {
 
     /// Removes what presented `name` in `dir_rel` before, except `keep`
     /// (a backing name) and spool entry `keep_id`: a plain file of that
-    /// name, its `.zstn` archives, and a staged version.
+    /// name, its `.zstn` / `.zsame` archives, and a staged version.
     pub(super) fn clear_name(
         &self,
         dir_rel: &Path,
@@ -79,13 +79,11 @@ impl CheckpointFs {
             }
         }
         let mut names = vec![name.to_os_string()];
-        if namespace::is_staging_name(name) {
-            names.extend(
-                namespace::archive_candidates(name)
-                    .into_iter()
-                    .filter(|c| !namespace::is_blz_name(c)),
-            );
-        }
+        names.extend(
+            namespace::archive_candidates(name)
+                .into_iter()
+                .filter(|c| !namespace::is_blz_name(c)),
+        );
         for n in names {
             if Some(n.as_os_str()) == keep {
                 continue;

@@ -3,8 +3,9 @@
 //! A rename moves the inode (the kernel keeps its number for the new name)
 //! and whatever the backing needs: a directory moves with its staged files;
 //! a file renamed to an `X.safetensors` name becomes a compression
-//! candidate (staged), and a staged file renamed away from one is put back
-//! as a plain file; an archive keeps its `.zstn` under the new name, a
+//! candidate (staged); a staged file stays staged under any name (its
+//! content decides at commit); an archive keeps its archive under the new
+//! name (`Y.zstn` for `Y.safetensors`, `N.zsame` for any other `N`); a
 //! `.blz` directory `X` renamed to `Y` is STORE's `X.blz` renamed to
 //! `Y.blz` (over an empty directory `Y` too). What
 //! cannot be presented under the new name is refused (see each arm).
@@ -130,7 +131,9 @@ impl CheckpointFs {
                 self.clear_name(&nrel, newname, Some(newname), None)?;
                 (newname.to_os_string(), kind, identity)
             }
-            NodeKind::Staged { id } if staging => {
+            NodeKind::Staged { id } => {
+                // Staged under any name: compressed after its last close
+                // if its content is safetensors, else put back plain.
                 spool.retarget(id, &nrel.join(newname))?;
                 // The version it replaced at the old name goes with it.
                 self.clear_name(&rel, name, None, Some(id))?;
@@ -138,24 +141,14 @@ impl CheckpointFs {
                 remove_replaced(spool, replaced_staged, id)?;
                 (newname.to_os_string(), kind, identity)
             }
-            NodeKind::Staged { id } => {
-                spool.bump(id);
-                self.store
-                    .rename_in(&spool.data_path(id), &nrel.join(newname))?;
-                spool.forget(id)?;
-                self.clear_name(&rel, name, None, None)?;
-                self.clear_name(&nrel, newname, Some(newname), None)?;
-                (newname.to_os_string(), NodeKind::Plain, identity)
-            }
-            NodeKind::Archive if staging => {
+            // `X.zstn` under an `Y.safetensors` name is `Y.zstn`, under
+            // any other name `N` it is `N.zsame` (and back).
+            NodeKind::Archive => {
                 let z = self.archive_name_in(&nrel, newname);
                 self.store.rename(&rel.join(&backing), &nrel.join(&z))?;
                 self.clear_name(&nrel, newname, Some(&z), None)?;
                 (z, kind, identity)
             }
-            // An archive is only presented under an `X.safetensors` name;
-            // EXDEV makes mv(1) and shutil.move copy (decoding) instead.
-            NodeKind::Archive => return Err(FsError::CopyInstead),
         };
         self.store.sync_dir(&nrel)?;
         if rel != nrel {

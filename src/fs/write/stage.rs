@@ -18,7 +18,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
 
 impl CheckpointFs {
-    /// Moves plain `X.safetensors` into the spool (it is being written).
+    /// Moves plain `X.safetensors` into the spool (it is being written),
+    /// or a plain file of another name with safetensors content (`adopt`).
     pub(super) fn stage_plain(&self, spool: &Spool, inode: &Inode) -> Result<u64> {
         let _g = self.ns.lock();
         if let NodeKind::Staged { id } = inode.kind() {
@@ -28,6 +29,10 @@ impl CheckpointFs {
         let parent = self.inode(l.parent)?;
         let target = self.rel(&parent)?.join(&l.name);
         let rel = self.rel(inode)?;
+        let m = self.store.lstat(&rel).map_err(not_found_is)?;
+        if !m.is_file() || (m.dev(), m.ino()) != inode.identity() {
+            return Err(FsError::Stale);
+        }
         self.store.may_write_dir(rel.parent().unwrap_or(&rel))?;
         let id = spool.adopt(&target, |d| self.store.rename_out(&rel, d))?;
         spool.set_ino(id, inode.ino);
