@@ -4,8 +4,8 @@
 Usage: check_automodel.py ORIGINAL_MODEL_DIR MOUNTED_MODEL_DIR
 Loads both with transformers (CPU, offline), compares every parameter and
 buffer bit for bit and the embeddings of a fixed input, prints one line, and
-exits 1 on any difference. Needs torch and transformers (not in the pinned
-test venv: torch from PyPI is several GB).
+exits 1 on any difference. Needs torch and transformers (scripts/requirements-hf.txt,
+installed by scripts/setup-test-env.sh).
 """
 import os, sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

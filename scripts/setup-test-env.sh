@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian 12 machine:
 # fuse3 (fusermount3) for the real-mount tests, a Python venv with pinned
-# packages for the interop (z4ai) and client (safetensors/numpy) tests, and
+# packages for the interop (z4ai) and client (safetensors/numpy) tests and
+# the Hugging Face cache test (huggingface_hub, transformers, torch), and
 # the file-system test tools fsx and pjdfstest (crates.io) in .tools/bin for
 # tests/mount_fsx.rs and tests/mount_pjdfstest.rs.
 # Idempotent: re-running it only checks that things are there.
@@ -34,6 +35,12 @@ stamp="$VENV/.ckptfs-requirements"
 if ! cmp -s scripts/requirements-test.txt "$stamp"; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$stamp"
+fi
+# huggingface_hub, transformers and torch for tests/mount_hf_cache.rs.
+stamp_hf="$VENV/.ckptfs-requirements-hf"
+if ! cmp -s scripts/requirements-hf.txt "$stamp_hf"; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-hf.txt
+  cp scripts/requirements-hf.txt "$stamp_hf"
 fi
 if [ "$need_tools" = 1 ]; then
   # --locked: the versions each tool's own Cargo.lock pins.
