@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
+command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
 TOOLS="$PWD/.tools"
 need_tools=0
 for t in fsx pjdfstest; do

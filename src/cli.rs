@@ -39,6 +39,9 @@ pub enum Command {
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
     Umount(UmountArgs),
+    /// Run a command (a backup of STORE) while the mount's daemon commits
+    /// nothing to STORE: `ckptfs hold STORE -- rsync ...`.
+    Hold(HoldArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -179,4 +182,18 @@ pub struct UmountArgs {
     /// daemon goes on and exits when done).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct HoldArgs {
+    /// The store (the STORE of `ckptfs mount STORE MNT`).
+    pub store: PathBuf,
+    /// Give up if the store cannot be held within this many seconds (a
+    /// commit in progress is waited for; exit 1).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// The command to run while commits wait, and its arguments; its exit
+    /// code is ckptfs's.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }

@@ -3,6 +3,7 @@
 
 mod blz;
 mod daemon_state;
+mod hold;
 mod info;
 mod mount;
 mod pack;
@@ -48,6 +49,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Extract(a) => blz::extract(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
+        Command::Hold(a) => hold::run(g, a),
     }
 }
 

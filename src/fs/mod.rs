@@ -20,7 +20,8 @@
 //!   read path through the block cache; [`prefetch`]: the read-ahead
 //!   window;
 //! - [`spool`] and `write`: files written through the mount, staged and
-//!   compressed after their last close; `sys`: the libc calls they need.
+//!   compressed after their last close; `sys`: the libc calls they need;
+//!   [`hold`]: commits paused while `ckptfs hold` backs STORE up.
 //!
 //! Freshness: every `lookup` and `getattr` re-stats the backing path, and
 //! directory listings are read from STORE at `opendir`, so files that
@@ -42,10 +43,12 @@
 //! write-back queue, the spool's state, a handle's `Sequential`, the block
 //! cache's `inner` and a flight's `state` (never held together: a flight is
 //! published after `inner` is released), and the adapter's passthrough
-//! table in `crate::fuse` (taken with no lock of this module held). Two
+//! table in `crate::fuse` (taken with no lock of this module held). Three
 //! waits: `Spool::bump` waits, possibly under `ns`, for a running
 //! compression, which takes no lock until it has ended; a cache miss waits
-//! for another reader's decode of the same block holding no other lock. No
+//! for another reader's decode of the same block holding no other lock; a
+//! commit waits for `ckptfs hold` ([`hold`]) after its compression has
+//! ended and before it takes `ns`, holding no lock. No
 //! lock is held while a block is decoded for a read or a prefetch, nor
 //! while a staged file is compressed; copy-up decodes an archive under
 //! `ns`.
@@ -57,6 +60,7 @@ mod blz_dir;
 mod dir;
 pub mod error;
 mod handles;
+pub mod hold;
 pub mod inode;
 pub mod namespace;
 mod ns_lock;
@@ -134,6 +138,8 @@ pub struct CheckpointFs {
     writers: Mutex<HashMap<Identity, usize>>,
     /// Staged files waiting to be compressed.
     writeback: WritebackQueue,
+    /// STORE's directory, locked shared by each commit ([`hold`]).
+    hold: Option<std::fs::File>,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -176,6 +182,11 @@ impl CheckpointFs {
             ns: ns_lock::NsLock::default(),
             writers: Mutex::new(HashMap::new()),
             writeback: WritebackQueue::new(),
+            hold: if cfg.read_only {
+                None
+            } else {
+                Some(hold::open_dir(&store)?)
+            },
         };
         for r in recovered {
             log::info!(

@@ -49,6 +49,8 @@ impl CheckpointFs {
                 return;
             }
         };
+        // Before `ns`: a `ckptfs hold` pauses this thread only.
+        let _held = self.hold_commits(&entry.target);
         let _g = self.ns.lock();
         let current = spool.entry(id);
         if current.as_ref().map(|c| c.version) != Some(entry.version)
@@ -79,6 +81,26 @@ impl CheckpointFs {
                     "{}: commit failed, the file stays staged and readable: {e}",
                     current.target.display()
                 );
+            }
+        }
+    }
+
+    /// Waits while `ckptfs hold` holds STORE, then keeps commits' shared
+    /// lock until dropped (see `crate::fs::hold`). A lock that cannot be
+    /// taken at all is logged and does not stop the commit.
+    fn hold_commits(&self, target: &Path) -> Option<crate::fs::hold::DirLock<'_>> {
+        let dir = self.hold.as_ref()?;
+        let waiting = || {
+            log::info!(
+                "{}: commit paused while `ckptfs hold` holds the store",
+                target.display()
+            )
+        };
+        match crate::fs::hold::lock(dir, libc::LOCK_SH, true, waiting) {
+            Ok(g) => g,
+            Err(e) => {
+                log::warn!("cannot take the commit lock of the store ({e}); committing anyway");
+                None
             }
         }
     }
