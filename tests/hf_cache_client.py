@@ -3,9 +3,10 @@
 
 Usage:
   hf_cache_client.py make SRC            a tiny bf16 BERT saved with save_pretrained
-  hf_cache_client.py download SRC CACHE  serve SRC as repo ckptfs/tiny-bert on
-                                         127.0.0.1 and hf_hub_download every file
-                                         into CACHE (HF_HUB_CACHE layout)
+  hf_cache_client.py download SRC CACHE [REPO]
+                                         serve SRC as repo REPO (ckptfs/tiny-bert)
+                                         on 127.0.0.1 and hf_hub_download every
+                                         file into CACHE (HF_HUB_CACHE layout)
   hf_cache_client.py load SRC CACHE      HF_HUB_OFFLINE=1: from_pretrained(repo id)
                                          from CACHE equals from_pretrained(SRC)
 
@@ -40,16 +41,20 @@ def make(src):
 
 def files_of(src):
     out = {}
-    for name in sorted(os.listdir(src)):
-        with open(os.path.join(src, name), "rb") as f:
-            data = f.read()
-        lfs = name.endswith(".safetensors")
-        git = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        out[name] = (data, lfs, git, hashlib.sha256(data).hexdigest())
+    for root, dirs, names in os.walk(src):
+        dirs.sort()
+        for n in sorted(names):
+            path = os.path.join(root, n)
+            name = os.path.relpath(path, src)
+            with open(path, "rb") as f:
+                data = f.read()
+            lfs = name.endswith(".safetensors")
+            git = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            out[name] = (data, lfs, git, hashlib.sha256(data).hexdigest())
     return out
 
 
-def download(src, cache):
+def download(src, cache, repo=REPO):
     files = files_of(src)
     served = []
 
@@ -59,15 +64,16 @@ def download(src, cache):
 
         def answer(self, body):
             parts = self.path.split("?")[0].strip("/").split("/")
-            # {owner}/{name}/resolve/{rev}/{file}
-            if len(parts) != 5 or "/".join(parts[:2]) != REPO or parts[2] != "resolve" \
-                    or parts[4] not in files:
+            # {owner}/{name}/resolve/{rev}/{path}
+            if len(parts) < 5 or "/".join(parts[:2]) != repo or parts[2] != "resolve" \
+                    or "/".join(parts[4:]) not in files:
                 self.send_response(404)
                 self.send_header("X-Error-Code", "EntryNotFound")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            data, lfs, git, sha = files[parts[4]]
+            name = "/".join(parts[4:])
+            data, lfs, git, sha = files[name]
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
             self.send_header("X-Repo-Commit", COMMIT)
@@ -80,7 +86,7 @@ def download(src, cache):
             self.end_headers()
             if body:
                 self.wfile.write(data)
-                served.append(parts[4])
+                served.append(name)
 
         def do_HEAD(self):
             self.answer(False)
@@ -99,7 +105,7 @@ def download(src, cache):
 
     try:
         for name in files:
-            p = hf_hub_download(REPO, name, cache_dir=cache)
+            p = hf_hub_download(repo, name, cache_dir=cache)
             with open(p, "rb") as f:
                 assert f.read() == files[name][0], f"{name}: bytes differ after download"
     finally:
