@@ -542,14 +542,19 @@ impl Filesystem for CheckpointFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        let mut b = self.backing.lock();
-        if b.by_fh.remove(&fh.0).is_some()
-            && b.by_ino.get(&ino.0).is_some_and(|w| w.strong_count() == 0)
+        let after = self.fs.release_handle(fh.0);
         {
-            b.by_ino.remove(&ino.0);
+            let mut b = self.backing.lock();
+            if b.by_fh.remove(&fh.0).is_some()
+                && b.by_ino.get(&ino.0).is_some_and(|w| w.strong_count() == 0)
+            {
+                b.by_ino.remove(&ino.0);
+            }
         }
         reply.ok();
+        if let Some(a) = after {
+            self.fs.after_release(a);
+        }
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -29,7 +29,8 @@ fn model(seed: u64) -> Vec<u8> {
 }
 
 /// The backup rule of doc/SEMANTICS.md: under `ckptfs hold`, everything
-/// but the spool, then the spool.
+/// but the spool (exit 24 accepted: a file staged meanwhile left its
+/// directory for the spool), then the spool.
 fn backup_held(store: &Path, dest: &Path) -> std::process::Output {
     let s = store.display();
     let d = dest.display();
@@ -40,7 +41,7 @@ fn backup_held(store: &Path, dest: &Path) -> std::process::Output {
         "sh",
         "-c",
         &format!(
-            "rsync -a --exclude=/.ckptfs-spool {s}/ {d}/ && mkdir -p {d}/.ckptfs-spool && rsync -a --exclude=*.tmp {s}/.ckptfs-spool/ {d}/.ckptfs-spool/"
+            "rsync -a --exclude=/.ckptfs-spool {s}/ {d}/; r=$?; [ $r = 0 ] || [ $r = 24 ] || exit $r; mkdir -p {d}/.ckptfs-spool && rsync -a --exclude=*.tmp {s}/.ckptfs-spool/ {d}/.ckptfs-spool/"
         ),
     ])
 }

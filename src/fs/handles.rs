@@ -158,18 +158,47 @@ impl CheckpointFs {
     /// compression (the close does not wait for it); the last writer of a
     /// plain file with safetensors content stages it first (`adopt`).
     pub fn release(&self, fh: u64) {
-        let h = self.handles.write().remove(&fh);
-        if let Some(h) = h {
-            if let Handle::Plain(p) = &*h {
-                match p.writer {
-                    Some(id) => {
-                        self.writer_closed(id);
-                        let _as = p.opener.clone().map(super::beneath::on_behalf);
-                        self.adopt_if_safetensors(p.ino, id);
-                    }
-                    None => self.handle_closed(p.identity),
-                }
+        if let Some(after) = self.release_handle(fh) {
+            self.after_release(after);
+        }
+    }
+
+    /// The part of [`Self::release`] the kernel waits for: the handle is
+    /// gone. What it returns is for [`Self::after_release`], which the
+    /// adapter calls after replying (it reads the file's header: a slow
+    /// reply to a release the kernel has stopped waiting for at unmount
+    /// fails with ENOENT).
+    pub fn release_handle(&self, fh: u64) -> Option<AfterRelease> {
+        let h = self.handles.write().remove(&fh)?;
+        let Handle::Plain(p) = &*h else { return None };
+        match p.writer {
+            Some(id) => {
+                self.writer_closed(id);
+                Some(AfterRelease {
+                    ino: p.ino,
+                    identity: id,
+                    opener: p.opener.clone(),
+                })
+            }
+            None => {
+                self.handle_closed(p.identity);
+                None
             }
         }
     }
+
+    /// Stages a plain file with safetensors content whose last writer
+    /// closed (see `write::adopt`), as the process that opened it.
+    pub fn after_release(&self, a: AfterRelease) {
+        let _as = a.opener.map(super::beneath::on_behalf);
+        self.adopt_if_safetensors(a.ino, a.identity);
+    }
+}
+
+/// What remains to do after a writer's handle is released.
+#[derive(Debug)]
+pub struct AfterRelease {
+    ino: u64,
+    identity: Identity,
+    opener: Option<super::beneath::Ids>,
 }

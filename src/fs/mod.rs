@@ -76,6 +76,7 @@ mod xattr;
 pub use archive_slot::Slot;
 use beneath::Beneath;
 pub use error::{FsError, Result};
+pub use handles::AfterRelease;
 pub use inode::{NodeKind, ROOT_INO};
 pub use types::{
     Attr, Caller, DirectoryReplier, Entry, FileKind, Opened, SetAttr, SetTime, StatFs,
