@@ -126,15 +126,34 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                let passthrough = !self.has_cached_opens(ino);
+                // A staged file becomes an archive (served through the page
+                // cache) when it is compressed, under the same inode; the
+                // kernel refuses (EIO) an open whose io mode differs from
+                // opens still in flight on that inode, so staged files are
+                // never passed through.
+                let staged = matches!(inode.kind(), NodeKind::Staged { .. });
+                let passthrough = !staged && !self.has_cached_opens(ino);
                 Ok(self.plain_handle(ino, file, None, passthrough, flags))
             }
             NodeKind::Archive => {
-                let m = self.store.lstat(&self.rel(&inode)?).map_err(not_found_is)?;
-                if (m.dev(), m.ino()) != inode.identity() {
-                    return Err(FsError::Stale);
-                }
-                let slot = self.archive_slot(&inode, &m)?;
+                let slot = match self.store.lstat(&self.rel(&inode)?).map_err(not_found_is) {
+                    Ok(m) if (m.dev(), m.ino()) == inode.identity() => {
+                        self.archive_slot(&inode, &m)?
+                    }
+                    // Renamed over or removed since the kernel looked the
+                    // name up: the version this inode showed is still
+                    // mapped (ckptfs replaces archives by rename, never in
+                    // place), so serve it. The open raced the rename, and
+                    // the old file is one of the two rename(2) allows;
+                    // answering ESTALE instead sends the kernel to look
+                    // again, and a second rename during that retry used to
+                    // surface as an error.
+                    Ok(_) | Err(FsError::NotFound) => match inode.state().archive.clone() {
+                        Some(s) if s.archive.is_ok() => s,
+                        _ => return Err(FsError::Stale),
+                    },
+                    Err(e) => return Err(e),
+                };
                 let archive = match slot.archive {
                     Ok(a) => a,
                     Err(reason) => {
