@@ -31,9 +31,9 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Add ckptfs's checksums to z4ai-written .zstn files, in place: frames untouched, every block decoded and checked first; z4ai still reads them.
     Seal(SealArgs),
-    /// List the tensors of a .blz archive with dtype, shape and size.
+    /// List the tensors of a model (any archive, a .safetensors file or a model directory) with dtype, shape and size.
     List(ListArgs),
-    /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
+    /// Write chosen tensors of a model (any archive, a .safetensors file or a model directory) as raw .bin files or one .safetensors, decoding only those.
     Extract(ExtractArgs),
     /// Mount a store: .zstn archives appear as .safetensors files, .blz archives as directories; writable unless --read-only.
     Mount(MountArgs),
@@ -111,16 +111,19 @@ pub struct PackArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// The .blz archive.
+    /// An archive (.zstn, .blz), a .safetensors file or a model directory.
     pub input: PathBuf,
     /// Only tensors whose name contains this substring.
     #[arg(long, value_name = "SUBSTRING")]
     pub filter: Option<String>,
+    /// Machine-readable JSON output (name, dtype, shape, bytes, file).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct ExtractArgs {
-    /// The .blz archive.
+    /// An archive (.zstn, .blz), a .safetensors file or a model directory.
     pub input: PathBuf,
     /// Tensor names (FILE:NAME when the name is in several shards).
     #[arg(long = "tensor", value_name = "NAME", required = true, num_args = 1..)]

@@ -12,6 +12,7 @@ pub mod format;
 pub mod fs;
 pub mod fsutil;
 pub mod fuse;
+pub mod model;
 pub mod pack;
 #[cfg(test)]
 mod test_support;
