@@ -8,6 +8,7 @@ pub mod cache;
 pub mod cli;
 pub mod codec;
 pub mod commands;
+pub mod export;
 pub mod format;
 pub mod fs;
 pub mod fsutil;

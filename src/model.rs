@@ -415,3 +415,12 @@ fn read_par(
     })?;
     Ok(n)
 }
+
+/// A file name for a tensor: never a path (no `/`, no NUL, not `.`/`..`).
+pub fn bin_name(tensor: &str) -> String {
+    let s = tensor.replace(['/', '\0'], "_");
+    match s.as_str() {
+        "" | "." | ".." => format!("_{s}"),
+        _ => s,
+    }
+}

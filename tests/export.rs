@@ -202,3 +202,200 @@ fn extract_names_what_is_missing_or_ambiguous() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// Every file under `dir`, by relative path.
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_str().unwrap().to_string();
+                out.insert(rel, fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn safetensors_export_of_every_kind_equals_the_original() {
+    let k = kinds();
+    let original = tree(&k.dir);
+    for (n, input) in [&k.dir, &k.blz].into_iter().enumerate() {
+        let out = k.root.join(format!("st{n}"));
+        ok(&ckptfs(&[
+            "export",
+            s(input),
+            "-o",
+            s(&out),
+            "--to",
+            "safetensors",
+        ]));
+        assert_eq!(tree(&out), original, "{}", input.display());
+    }
+    let out = k.root.join("st-zstn");
+    ok(&ckptfs(&[
+        "export",
+        s(&k.zstn),
+        "-o",
+        s(&out),
+        "--to",
+        "safetensors",
+    ]));
+    let got = tree(&out);
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["shard2.safetensors"]);
+    assert_eq!(got["shard2.safetensors"], original[SHARD2]);
+    // An existing output is an error, and stays as it was; --force replaces it.
+    fs::write(out.join("keep"), "x").unwrap();
+    let again = ckptfs(&["export", s(&k.zstn), "-o", s(&out), "--to", "raw"]);
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("st-zstn") && err.contains("--force"), "{err}");
+    assert!(out.join("keep").exists());
+    ok(&ckptfs(&[
+        "export",
+        s(&k.zstn),
+        "-o",
+        s(&out),
+        "--to",
+        "raw",
+        "--force",
+    ]));
+    assert!(!out.join("keep").exists() && out.join("index.json").exists());
+    // No temporary directory is left beside the output.
+    let left: Vec<_> = fs::read_dir(&k.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Runs python code in the test venv with `args` as sys.argv[1:].
+fn python(code: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(venv_python())
+        .arg("-c")
+        .arg(code)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Compares exported tensors (loaded by `loader`, a Python expression of
+/// `out` giving {name: numpy array}) with the original directory's, cast
+/// with numpy to `cast` (or unchanged).
+const COMPARE: &str = r#"
+import sys, glob, os, json, importlib.util
+import numpy as np, ml_dtypes
+from safetensors.numpy import load_file
+src, out, kind, cast = sys.argv[1:5]
+want = {}
+for f in sorted(glob.glob(os.path.join(src, "*.safetensors"))):
+    want.update(load_file(f))
+if kind == "pytorch":
+    spec = importlib.util.spec_from_file_location("load", os.path.join(out, "load.py"))
+    load = importlib.util.module_from_spec(spec); spec.loader.exec_module(load)
+    got = load.load_numpy(out)
+    tt = load.load(out)
+    assert set(tt) == set(want)
+else:
+    idx = json.load(open(os.path.join(out, "index.json")))
+    npd = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "F64": np.float64}
+    got = {t["name"]: np.fromfile(os.path.join(out, t["file"]), dtype=npd[t["dtype"]]).reshape(t["shape"]) for t in idx["tensors"]}
+assert set(got) == set(want), (set(got), set(want))
+to = {"none": None, "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[cast]
+for name, w in want.items():
+    g = got[name]
+    if to is not None and w.dtype.kind == "f" or w.dtype == ml_dtypes.bfloat16:
+        if to is not None:
+            w = w.astype(to)
+    if w.dtype == ml_dtypes.bfloat16:
+        w = w.view(np.uint16)
+    if g.dtype == np.uint16 and w.dtype != np.uint16:
+        g = g.view(ml_dtypes.bfloat16)
+    assert g.shape == w.shape, (name, g.shape, w.shape)
+    assert g.tobytes() == w.tobytes(), name
+print(len(got))
+"#;
+
+#[test]
+fn pytorch_and_raw_exports_load_with_numpy_and_equal_the_tensors() {
+    let k = kinds();
+    for kind in ["pytorch", "raw"] {
+        for cast in ["none", "f32", "f16", "bf16"] {
+            let out = k.root.join(format!("{kind}-{cast}"));
+            let mut args = vec!["export", s(&k.blz), "-o", s(&out), "--to", kind];
+            if cast != "none" {
+                args.extend(["--cast", cast]);
+            }
+            ok(&ckptfs(&args));
+            let n = python(COMPARE, &[s(&k.dir), s(&out), kind, cast]);
+            assert_eq!(n.trim(), "8", "{kind} {cast}");
+        }
+    }
+}
+
+#[test]
+fn safetensors_export_with_a_cast_equals_numpy_astype() {
+    let k = kinds();
+    for cast in ["f32", "f16", "bf16"] {
+        let out = k.root.join(format!("st-{cast}"));
+        ok(&ckptfs(&[
+            "export",
+            s(&k.blz),
+            "-o",
+            s(&out),
+            "--to",
+            "safetensors",
+            "--cast",
+            cast,
+        ]));
+        let code = r#"
+import sys, glob, os, json
+import numpy as np, ml_dtypes
+from safetensors.numpy import load_file
+src, out, cast = sys.argv[1:4]
+to = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[cast]
+total = 0
+for f in sorted(glob.glob(os.path.join(src, "*.safetensors"))):
+    want = load_file(f)
+    got = load_file(os.path.join(out, os.path.basename(f)))
+    assert set(got) == set(want)
+    for n, w in want.items():
+        if w.dtype.kind == "f" or w.dtype == ml_dtypes.bfloat16:
+            w = w.astype(to)
+        assert got[n].dtype == w.dtype and got[n].tobytes() == w.tobytes(), n
+        total += got[n].nbytes
+idx = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+assert idx["metadata"]["total_size"] == total, (idx["metadata"], total)
+for f in ["config.json", "tokenizer.model", "1_Pooling/config.json"]:
+    assert open(os.path.join(src, f), "rb").read() == open(os.path.join(out, f), "rb").read(), f
+print("ok")
+"#;
+        assert_eq!(python(code, &[s(&k.dir), s(&out), cast]).trim(), "ok");
+    }
+    let out = ckptfs(&[
+        "export",
+        s(&k.blz),
+        "-o",
+        s(&k.root.join("q")),
+        "--to",
+        "safetensors",
+        "--cast",
+        "q8_0",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("q8_0") && err.contains("--to gguf"), "{err}");
+    assert!(!k.root.join("q").exists());
+}

@@ -45,7 +45,7 @@ pub fn run(g: Global, a: ExtractArgs) -> Result<ExitCode> {
             off += t.len;
         }
         let mut h = serde_json::to_vec(&header)?;
-        while h.len() % 8 != 0 {
+        while !h.len().is_multiple_of(8) {
             h.push(b' ');
         }
         write_output(&p, a.force, |w| {
@@ -64,7 +64,9 @@ pub fn run(g: Global, a: ExtractArgs) -> Result<ExitCode> {
     }
     for &k in &picked {
         let t = &m.tensors()[k];
-        let p = a.output.join(format!("{}.bin", bin_name(&t.name)));
+        let p = a
+            .output
+            .join(format!("{}.bin", crate::model::bin_name(&t.name)));
         write_output(&p, a.force, |w| {
             m.stream_tensor(k, 1, &mut |b| w.write_all(b))
         })?;
@@ -98,13 +100,4 @@ pub(super) fn write_output(
         return Err(e.into());
     }
     r.with_context(|| path.display().to_string())
-}
-
-/// A file name for a tensor: never a path (no `/`, no NUL, not `.`/`..`).
-pub fn bin_name(tensor: &str) -> String {
-    let s = tensor.replace(['/', '\0'], "_");
-    match s.as_str() {
-        "" | "." | ".." => format!("_{s}"),
-        _ => s,
-    }
 }

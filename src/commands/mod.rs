@@ -3,6 +3,7 @@
 
 mod blz;
 mod daemon_state;
+mod export;
 mod extract;
 mod info;
 mod list;
@@ -48,6 +49,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Seal(a) => seal::run(g, a),
         Command::List(a) => list::run(g, a),
         Command::Extract(a) => extract::run(g, a),
+        Command::Export(a) => export::run(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
     }
