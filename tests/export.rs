@@ -399,3 +399,154 @@ print("ok")
     assert!(err.contains("q8_0") && err.contains("--to gguf"), "{err}");
     assert!(!k.root.join("q").exists());
 }
+
+/// Runs a Python script of tests/ in the venv and returns its stdout.
+fn script(name: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
+    let out = std::process::Command::new(venv_python())
+        .arg(path)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A tiny llama model in `dtype`, as a directory and packed to .blz.
+fn tiny_llama(root: &Path, dtype: &str) -> (PathBuf, PathBuf) {
+    let dir = root.join(format!("llama-{dtype}"));
+    script("make_tiny_llama.py", &[s(&dir), dtype, "2"]);
+    let blz = root.join(format!("llama-{dtype}.blz"));
+    pack(&dir, &blz);
+    (dir, blz)
+}
+
+#[test]
+fn gguf_export_reads_back_with_gguf_py_and_quantises_as_gguf_quants() {
+    let tmp = tempfile::tempdir().unwrap();
+    for dtype in ["f32", "bf16"] {
+        let (dir, blz) = tiny_llama(tmp.path(), dtype);
+        for cast in ["none", "f32", "f16", "bf16", "q8_0", "q4_0"] {
+            for input in [&dir, &blz] {
+                let out = tmp.path().join(format!("{dtype}-{cast}.gguf"));
+                let mut args = vec!["export", s(input), "-o", s(&out), "--to", "gguf", "--force"];
+                if cast != "none" {
+                    args.extend(["--cast", cast]);
+                }
+                ok(&ckptfs(&args));
+                let r = script("gguf_check.py", &[s(&dir), s(&out), cast]);
+                assert!(r.starts_with("ok"), "{dtype} {cast}: {r}");
+            }
+        }
+        // The same model from a directory and from its .blz: same bytes.
+        let a = tmp.path().join("a.gguf");
+        let b = tmp.path().join("b.gguf");
+        ok(&ckptfs(&[
+            "export",
+            s(&dir),
+            "-o",
+            s(&a),
+            "--to",
+            "gguf",
+            "--cast",
+            "q4_0",
+        ]));
+        ok(&ckptfs(&[
+            "export",
+            s(&blz),
+            "-o",
+            s(&b),
+            "--to",
+            "gguf",
+            "--cast",
+            "q4_0",
+        ]));
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
+        fs::remove_file(&a).unwrap();
+        fs::remove_file(&b).unwrap();
+    }
+}
+
+fn fails(args: &[&str], needles: &[&str]) {
+    let out = ckptfs(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: {err:?} lacks {n:?}");
+    }
+}
+
+#[test]
+fn gguf_export_refuses_what_it_cannot_write_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = tiny_llama(tmp.path(), "f32");
+    let out = tmp.path().join("x.gguf");
+    let o = s(&out);
+    // Unknown architecture.
+    let cfg = fs::read_to_string(dir.join("config.json")).unwrap();
+    fs::write(
+        dir.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "FalconForCausalLM"),
+    )
+    .unwrap();
+    fails(
+        &["export", s(&dir), "-o", o, "--to", "gguf"],
+        &["config.json", "FalconForCausalLM", "not supported"],
+    );
+    fs::write(dir.join("config.json"), &cfg).unwrap();
+    // Missing tokenizer.
+    let tj = dir.join("tokenizer.json");
+    let tok = fs::read(&tj).unwrap();
+    fs::remove_file(&tj).unwrap();
+    fails(
+        &["export", s(&dir), "-o", o, "--to", "gguf"],
+        &["no tokenizer.json"],
+    );
+    fs::write(&tj, &tok).unwrap();
+    // A tensor of a dtype no GGUF float or block type takes.
+    let extra = dir.join("model-00002-of-00002.safetensors");
+    let mut t = tensors_of(&extra);
+    let mut list: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = t
+        .iter_mut()
+        .map(|(n, (d, sh, b))| (n.as_str(), d.as_str(), sh.clone(), b.clone()))
+        .collect();
+    let mut ints = list.clone();
+    for e in ints.iter_mut().filter(|e| e.0 == "model.norm.weight") {
+        e.1 = "I32";
+    }
+    let orig = fs::read(&extra).unwrap();
+    fs::write(&extra, safetensors_file(&ints, None)).unwrap();
+    fails(
+        &["export", s(&dir), "-o", o, "--to", "gguf"],
+        &["model.norm.weight", "I32"],
+    );
+    // A tensor llama.cpp has no name for.
+    list.push(("model.extra.weight", "F32", vec![2], vec![0u8; 8]));
+    fs::write(&extra, safetensors_file(&list, None)).unwrap();
+    fails(
+        &["export", s(&dir), "-o", o, "--to", "gguf"],
+        &["model.extra.weight", "no GGUF name"],
+    );
+    fs::write(&extra, &orig).unwrap();
+    assert!(!out.exists());
+    // An existing output.
+    fs::write(&out, "keep").unwrap();
+    fails(
+        &["export", s(&dir), "-o", o, "--to", "gguf"],
+        &["x.gguf", "--force"],
+    );
+    assert_eq!(fs::read(&out).unwrap(), b"keep");
+    let left: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -17,6 +17,8 @@
 //!   the output.
 
 pub mod cast;
+pub mod gguf;
+pub mod quant;
 
 use crate::format::safetensors::Dtype;
 use crate::model::{Model, ModelError, Tensor};
@@ -123,10 +125,7 @@ pub fn export(
         return Err(exists(out));
     }
     match opts.target {
-        Target::Gguf => Err(ExportError::Input {
-            path: out.display().to_string(),
-            what: "--to gguf is not written yet".into(),
-        }),
+        Target::Gguf => gguf::export(m, out, opts, progress),
         t => {
             let dir = OutDir::new(out)?;
             let s = match t {
