@@ -418,11 +418,19 @@ fn script(name: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A tiny llama model in `dtype`, as a directory and packed to .blz.
+/// A tiny llama model in `dtype` (hidden size 64), as a directory and
+/// packed to .blz.
 fn tiny_llama(root: &Path, dtype: &str) -> (PathBuf, PathBuf) {
-    let dir = root.join(format!("llama-{dtype}"));
-    script("make_tiny_llama.py", &[s(&dir), dtype, "2"]);
-    let blz = root.join(format!("llama-{dtype}.blz"));
+    tiny_llama_hidden(root, dtype, 64)
+}
+
+fn tiny_llama_hidden(root: &Path, dtype: &str, hidden: u32) -> (PathBuf, PathBuf) {
+    let dir = root.join(format!("llama-{dtype}-{hidden}"));
+    script(
+        "make_tiny_llama.py",
+        &[s(&dir), dtype, "2", &hidden.to_string()],
+    );
+    let blz = root.join(format!("llama-{dtype}-{hidden}.blz"));
     pack(&dir, &blz);
     (dir, blz)
 }
@@ -471,6 +479,45 @@ fn gguf_export_reads_back_with_gguf_py_and_quantises_as_gguf_quants() {
         fs::remove_file(&a).unwrap();
         fs::remove_file(&b).unwrap();
     }
+}
+
+#[test]
+fn gguf_q4_k_beats_q4_0_and_falls_back_per_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Hidden 256: every matrix row is whole q4_k super-blocks.
+    let (dir, blz) = tiny_llama_hidden(tmp.path(), "bf16", 256);
+    let out = tmp.path().join("k.gguf");
+    ok(&ckptfs(&[
+        "export",
+        s(&blz),
+        "-o",
+        s(&out),
+        "--to",
+        "gguf",
+        "--cast",
+        "q4_k",
+    ]));
+    let r = script("gguf_check.py", &[s(&dir), s(&out), "q4_k"]);
+    assert!(r.starts_with("ok") && r.contains("Q4_K"), "{r}");
+    // Hidden 64: rows of 64 and 128 are not whole super-blocks: q4_0, and
+    // the summary names each such tensor.
+    let (dir, _) = tiny_llama(tmp.path(), "f32");
+    let o = ckptfs(&[
+        "export",
+        s(&dir),
+        "-o",
+        s(&out),
+        "--to",
+        "gguf",
+        "--cast",
+        "q4_k",
+        "--force",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("blk.0.attn_q.weight: rows of 64 elements are not whole q4_k super-blocks of 256: written as q4_0"), "{err}");
+    let r = script("gguf_check.py", &[s(&dir), s(&out), "q4_k"]);
+    assert!(r.starts_with("ok") && r.contains("Q4_0"), "{r}");
 }
 
 fn fails(args: &[&str], needles: &[&str]) {

@@ -92,8 +92,21 @@ for hf, w in want.items():
         assert raw == ref.tobytes(), hf
         deq = gguf.quants.dequantize(np.frombuffer(raw, np.uint8).reshape(ref.shape), ty)
         assert np.array_equal(deq, gguf.quants.dequantize(ref, ty)), hf
+    elif ty == T.Q4_K:
+        # gguf.quants has no Q4_K quantiser: dequantise with gguf's own
+        # dequantiser and require the reference algorithm's accuracy, at
+        # least that of q4_0 on the same rows (q4_k is typically ~2x better).
+        deq = gguf.quants.dequantize(np.frombuffer(raw, np.uint8), ty).reshape(x.shape)
+        q40 = gguf.quants.dequantize(gguf.quants.quantize(x, T.Q4_0), T.Q4_0)
+        e_k = float(np.sqrt(np.mean((deq - x) ** 2)))
+        e_0 = float(np.sqrt(np.mean((q40 - x) ** 2)))
+        assert e_k < e_0, (hf, e_k, e_0)
+        assert e_k < 0.1 * float(np.sqrt(np.mean(x ** 2))), (hf, e_k)
     else:
         raise AssertionError(f"{hf}: unexpected type {ty.name}")
     if cast in ("q8_0", "q4_0") and x.ndim == 2 and x.shape[-1] % 32 == 0:
         assert ty.name == cast.upper(), (hf, ty)
+    if cast == "q4_k" and x.ndim == 2:
+        want_ty = "Q4_K" if x.shape[-1] % 256 == 0 else "Q4_0"
+        assert ty.name == want_ty, (hf, ty)
 print("ok", sorted(counts.items()))

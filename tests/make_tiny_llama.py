@@ -1,7 +1,7 @@
 """Writes a tiny llama model directory (2 layers, hidden 64, GQA 4/2 heads,
 the tensor names and config.json keys transformers' LlamaForCausalLM
 uses) with a byte-level BPE tokenizer trained by `tokenizers` on a few
-sentences: python make_tiny_llama.py OUT [f32|bf16|f16] [SHARDS].
+sentences: python make_tiny_llama.py OUT [f32|bf16|f16] [SHARDS] [HIDDEN].
 Deterministic (seeded numpy)."""
 
 import json
@@ -18,6 +18,7 @@ dtype = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}[
     sys.argv[2] if len(sys.argv) > 2 else "f32"
 ]
 shards = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+hidden = int(sys.argv[4]) if len(sys.argv) > 4 else 64
 os.makedirs(out, exist_ok=True)
 text = [
     "the quick brown fox jumps over the lazy dog",
@@ -39,7 +40,7 @@ json.dump(
      "tokenizer_class": "PreTrainedTokenizerFast"},
     open(os.path.join(out, "tokenizer_config.json"), "w"), indent=2,
 )
-V, H, F, L, NH, NKV = tok.get_vocab_size(), 64, 128, 2, 4, 2
+V, H, F, L, NH, NKV = tok.get_vocab_size(), hidden, 2 * hidden, 2, 4, 2
 D = H // NH
 cfg = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama",

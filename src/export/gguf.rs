@@ -17,7 +17,7 @@
 //!
 //! Types: 1-D tensors (norms, biases) are f32, as the converter does; a
 //! q8_0/q4_0 cast of a tensor whose rows are not whole 32-element blocks
-//! falls back to f16, and the summary says so.
+//! falls back to f16 (q4_k: to q4_0, else f16), and the summary says so.
 
 use super::quant;
 use super::{cast, Cast, ExportError, Options, Result, Summary};
@@ -34,6 +34,7 @@ pub enum GgmlType {
     F16 = 1,
     Q4_0 = 2,
     Q8_0 = 8,
+    Q4K = 12,
     BF16 = 30,
 }
 
@@ -44,6 +45,7 @@ impl GgmlType {
             GgmlType::F16 => "f16",
             GgmlType::Q4_0 => "q4_0",
             GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q4K => "q4_k",
             GgmlType::BF16 => "bf16",
         }
     }
@@ -54,6 +56,7 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => n * 2,
             GgmlType::Q4_0 => n / 32 * quant::Q4_0_BYTES as u64,
             GgmlType::Q8_0 => n / 32 * quant::Q8_0_BYTES as u64,
+            GgmlType::Q4K => n / 256 * quant::Q4_K_BYTES as u64,
         }
     }
 }
@@ -231,12 +234,6 @@ fn dropped(name: &str) -> bool {
 }
 
 fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Result<Vec<Planned>> {
-    if c == Some(Cast::Q4K) {
-        return Err(input(
-            m.path().display(),
-            "--cast q4_k is not implemented yet (use q8_0, q4_0, f16, bf16 or f32)",
-        ));
-    }
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (k, t) in m.tensors().iter().enumerate() {
@@ -294,7 +291,17 @@ fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Res
                         GgmlType::F16
                     }
                 }
-                Some(Cast::Q4K) => unreachable!("refused above"),
+                // Rows that are not whole 256-element super-blocks: q4_0
+                // when they are whole 32-element blocks, else f16.
+                Some(Cast::Q4K) if ne0.is_multiple_of(256) => GgmlType::Q4K,
+                Some(Cast::Q4K) if ne0.is_multiple_of(32) => {
+                    notes.push(format!("{name}: rows of {ne0} elements are not whole q4_k super-blocks of 256: written as q4_0"));
+                    GgmlType::Q4_0
+                }
+                Some(Cast::Q4K) => {
+                    notes.push(format!("{name}: rows of {ne0} elements are not whole q4_k or q4_0 blocks: written as f16"));
+                    GgmlType::F16
+                }
             }
         };
         let permute = match (h.arch, name.rsplit_once('.')) {
@@ -551,7 +558,8 @@ fn file_type(c: Option<Cast>) -> Option<u64> {
         Cast::Q4_0 => Some(2),
         Cast::Q8_0 => Some(7),
         Cast::BF16 => Some(32),
-        Cast::Q4K => Some(15),
+        // MOSTLY_Q4_K_S: q4_k throughout.
+        Cast::Q4K => Some(14),
     }
 }
 
@@ -698,6 +706,7 @@ fn encode(dt: Dtype, ty: GgmlType, src: &[u8]) -> Vec<u8> {
         GgmlType::BF16 => cast::convert(dt, Dtype::BF16, src, &mut out),
         GgmlType::Q8_0 => out = quant::q8_0(&cast::to_f32(dt, src)),
         GgmlType::Q4_0 => out = quant::q4_0(&cast::to_f32(dt, src)),
+        GgmlType::Q4K => out = quant::q4_k(&cast::to_f32(dt, src)),
     }
     out
 }
@@ -713,7 +722,7 @@ fn write_tensor(
     let dt = Dtype::parse(&t.dtype).expect("checked in plan");
     let width = cast::width(dt) as u64;
     match p.permute {
-        None => m.stream_tensor(p.k, width * 32, &mut |b| {
+        None => m.stream_tensor(p.k, width * 256, &mut |b| {
             progress(b.len() as u64);
             w(&encode(dt, p.ty, b))
         }),
@@ -746,7 +755,8 @@ fn write_tensor(
                 }
             }
             drop(src);
-            let step = (crate::model::CHUNK / (width * 32)).max(1) as usize * (width as usize * 32);
+            let step =
+                (crate::model::CHUNK / (width * 256)).max(1) as usize * (width as usize * 256);
             for c in perm.chunks(step) {
                 w(&encode(dt, p.ty, c)).map_err(ModelError::Output)?;
             }
