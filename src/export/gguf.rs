@@ -401,8 +401,9 @@ fn put_str(b: &mut Vec<u8>, s: &str) {
 }
 
 /// The largest token id accepted from a tokenizer (bounds the vocabulary
-/// arrays built from untrusted ids).
-const MAX_TOKEN_ID: u64 = 1 << 24;
+/// arrays built from untrusted ids and vocab_size; real vocabularies are
+/// at most ~2^18).
+const MAX_TOKEN_ID: u64 = 1 << 22;
 
 /// Token type values of llama.cpp (gguf.TokenType).
 const NORMAL: i32 = 1;
