@@ -3,7 +3,10 @@
 
 mod blz;
 mod daemon_state;
+mod export;
+mod extract;
 mod info;
+mod list;
 mod mount;
 mod pack;
 mod seal;
@@ -44,8 +47,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Info(a) => info::run(g, a),
         Command::Verify(a) => verify::run(g, a),
         Command::Seal(a) => seal::run(g, a),
-        Command::List(a) => blz::list(g, a),
-        Command::Extract(a) => blz::extract(g, a),
+        Command::List(a) => list::run(g, a),
+        Command::Extract(a) => extract::run(g, a),
+        Command::Export(a) => export::run(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
     }
