@@ -31,10 +31,12 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Add ckptfs's checksums to z4ai-written .zstn files, in place: frames untouched, every block decoded and checked first; z4ai still reads them.
     Seal(SealArgs),
-    /// List the tensors of a .blz archive with dtype, shape and size.
+    /// List the tensors of a model (any archive, a .safetensors file or a model directory) with dtype, shape and size.
     List(ListArgs),
-    /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
+    /// Write chosen tensors of a model (any archive, a .safetensors file or a model directory) as raw .bin files or one .safetensors, decoding only those.
     Extract(ExtractArgs),
+    /// Export a model (any archive, a .safetensors file or a model directory) as a safetensors directory, PyTorch-loadable raw files, raw .bin files or GGUF, optionally casting float tensors.
+    Export(ExportArgs),
     /// Mount a store: .zstn archives appear as .safetensors files, .blz archives as directories; writable unless --read-only.
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
@@ -114,16 +116,19 @@ pub struct PackArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// The .blz archive.
+    /// An archive (.zstn, .blz), a .safetensors file or a model directory.
     pub input: PathBuf,
     /// Only tensors whose name contains this substring.
     #[arg(long, value_name = "SUBSTRING")]
     pub filter: Option<String>,
+    /// Machine-readable JSON output (name, dtype, shape, bytes, file).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct ExtractArgs {
-    /// The .blz archive.
+    /// An archive (.zstn, .blz), a .safetensors file or a model directory.
     pub input: PathBuf,
     /// Tensor names (FILE:NAME when the name is in several shards).
     #[arg(long = "tensor", value_name = "NAME", required = true, num_args = 1..)]
@@ -135,6 +140,49 @@ pub struct ExtractArgs {
     #[arg(long)]
     pub safetensors: bool,
     /// Replace existing output files.
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportTarget {
+    /// A model directory: shards kept, index json, other files copied byte for byte.
+    Safetensors,
+    /// tensors/NAME.bin (raw little-endian), manifest.json and load.py.
+    Pytorch,
+    /// NAME.bin per tensor (raw little-endian) and index.json.
+    Raw,
+    /// One GGUF v3 file for llama.cpp.
+    Gguf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportCast {
+    F32,
+    F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_k")]
+    Q4K,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// An archive (.zstn, .blz), a .safetensors file or a model directory.
+    pub input: PathBuf,
+    /// Output directory (a file for --to gguf).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// What to write.
+    #[arg(long = "to", value_enum)]
+    pub target: ExportTarget,
+    /// Cast float tensors (F64/F32/F16/BF16) to this type, rounding to nearest-even; q8_0, q4_0, q4_k only with --to gguf.
+    #[arg(long, value_enum)]
+    pub cast: Option<ExportCast>,
+    /// Replace an existing output.
     #[arg(short, long)]
     pub force: bool,
 }

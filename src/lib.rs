@@ -8,10 +8,12 @@ pub mod cache;
 pub mod cli;
 pub mod codec;
 pub mod commands;
+pub mod export;
 pub mod format;
 pub mod fs;
 pub mod fsutil;
 pub mod fuse;
+pub mod model;
 pub mod pack;
 #[cfg(test)]
 mod test_support;

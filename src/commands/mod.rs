@@ -3,8 +3,11 @@
 
 mod blz;
 mod daemon_state;
+mod export;
+mod extract;
 mod hold;
 mod info;
+mod list;
 mod mount;
 mod pack;
 mod seal;
@@ -45,8 +48,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Info(a) => info::run(g, a),
         Command::Verify(a) => verify::run(g, a),
         Command::Seal(a) => seal::run(g, a),
-        Command::List(a) => blz::list(g, a),
-        Command::Extract(a) => blz::extract(g, a),
+        Command::List(a) => list::run(g, a),
+        Command::Extract(a) => extract::run(g, a),
+        Command::Export(a) => export::run(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
         Command::Hold(a) => hold::run(g, a),

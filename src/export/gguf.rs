@@ -1,0 +1,767 @@
+//! `export --to gguf`: GGUF v3 for llama.cpp, written from format facts of
+//! llama.cpp's gguf-py (layout, metadata keys, GGML types) and
+//! `convert_hf_to_gguf.py` (tensor names, which tensors stay f32, the
+//! llama q/k row permutation, tokenizer keys).
+//!
+//! Layout (all little-endian): `"GGUF"`, u32 version 3, u64 tensor count,
+//! u64 metadata count, the metadata (key string, u32 type, value), the
+//! tensor infos (name, u32 n_dims, u64 dims innermost first, u32 GGML type,
+//! u64 offset into the data section), zero padding to the 32-byte
+//! alignment, then each tensor's data, each padded to 32 bytes. Strings are
+//! a u64 length and UTF-8 bytes.
+//!
+//! Supported: llama and mistral (GGUF arch `llama`) and qwen2, with a BPE
+//! `tokenizer.json`. Anything else is refused with a one-line error before
+//! the output is created: the tensor count in the header is exactly the
+//! tensors written (every source tensor is mapped or deliberately dropped).
+//!
+//! Types: 1-D tensors (norms, biases) are f32, as the converter does; a
+//! q8_0/q4_0 cast of a tensor whose rows are not whole 32-element blocks
+//! falls back to f16 (q4_k: to q4_0, else f16), and the summary says so.
+
+use super::quant;
+use super::{cast, Cast, ExportError, Options, Result, Summary};
+use crate::format::safetensors::Dtype;
+use crate::model::{Model, ModelError, Tensor};
+use serde_json::Value;
+use std::io::{self, Write};
+use std::path::Path;
+
+/// GGML tensor types written here (values from ggml.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q8_0 = 8,
+    Q4K = 12,
+    BF16 = 30,
+}
+
+impl GgmlType {
+    fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "f32",
+            GgmlType::F16 => "f16",
+            GgmlType::Q4_0 => "q4_0",
+            GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q4K => "q4_k",
+            GgmlType::BF16 => "bf16",
+        }
+    }
+    /// Bytes of `n` elements (`n` a multiple of the block size).
+    fn bytes(self, n: u64) -> u64 {
+        match self {
+            GgmlType::F32 => n * 4,
+            GgmlType::F16 | GgmlType::BF16 => n * 2,
+            GgmlType::Q4_0 => n / 32 * quant::Q4_0_BYTES as u64,
+            GgmlType::Q8_0 => n / 32 * quant::Q8_0_BYTES as u64,
+            GgmlType::Q4K => n / 256 * quant::Q4_K_BYTES as u64,
+        }
+    }
+}
+
+const ALIGN: u64 = 32;
+
+/// GGUF metadata value types.
+mod vt {
+    pub const U32: u32 = 4;
+    pub const I32: u32 = 5;
+    pub const F32: u32 = 6;
+    pub const BOOL: u32 = 7;
+    pub const STRING: u32 = 8;
+    pub const ARRAY: u32 = 9;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arch {
+    Llama,
+    Qwen2,
+}
+
+impl Arch {
+    fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// One tensor as it goes into the file.
+struct Planned {
+    /// Index into `Model::tensors`.
+    k: usize,
+    name: String,
+    /// GGUF dims, innermost first.
+    dims: Vec<u64>,
+    ty: GgmlType,
+    /// Rows permuted as llama.cpp's rope wants (q/k of llama): heads.
+    permute: Option<u64>,
+    offset: u64,
+    len: u64,
+}
+
+fn input(path: impl std::fmt::Display, what: impl Into<String>) -> ExportError {
+    ExportError::Input {
+        path: path.to_string(),
+        what: what.into(),
+    }
+}
+
+/// A small JSON file of the model by relative path, if present.
+fn json_file(m: &Model, rel: &str) -> Result<Option<Value>> {
+    let Some(i) = m.find_file(rel) else {
+        return Ok(None);
+    };
+    let raw = m.read_small(i, 256 << 20)?;
+    serde_json::from_slice(&raw)
+        .map(Some)
+        .map_err(|e| input(m.file_label(i), format!("not JSON: {e}")))
+}
+
+struct Hparams {
+    arch: Arch,
+    hidden: u64,
+    layers: u64,
+    ff: u64,
+    heads: u64,
+    kv_heads: u64,
+    eps: f32,
+    rope_theta: f32,
+    ctx: u64,
+    vocab: Option<u64>,
+    head_dim: u64,
+}
+
+fn hparams(m: &Model) -> Result<Hparams> {
+    let label = format!("{}/config.json", m.path().display());
+    let cfg = json_file(m, "config.json")?.ok_or_else(|| {
+        input(
+            m.path().display(),
+            "no config.json: GGUF needs the architecture",
+        )
+    })?;
+    let archs: Vec<&str> = cfg["architectures"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    let model_type = cfg["model_type"].as_str().unwrap_or("");
+    let arch = match (archs.first().copied(), model_type) {
+        (Some("LlamaForCausalLM" | "MistralForCausalLM"), _) => Arch::Llama,
+        (Some("Qwen2ForCausalLM"), _) => Arch::Qwen2,
+        (None, "llama" | "mistral") => Arch::Llama,
+        (None, "qwen2") => Arch::Qwen2,
+        (a, t) => {
+            return Err(input(
+                &label,
+                format!(
+                    "architecture {} (model_type {t:?}) is not supported for GGUF export (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
+                    a.map_or("none".to_string(), |a| format!("{a:?}"))
+                ),
+            ))
+        }
+    };
+    let u = |k: &str| -> Result<u64> {
+        cfg[k]
+            .as_u64()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| input(&label, format!("{k} missing or not a positive integer")))
+    };
+    let hidden = u("hidden_size")?;
+    let heads = u("num_attention_heads")?;
+    let kv_heads = cfg["num_key_value_heads"].as_u64().unwrap_or(heads);
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(input(
+            &label,
+            format!("num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}"),
+        ));
+    }
+    let head_dim = cfg["head_dim"].as_u64().unwrap_or(hidden / heads);
+    Ok(Hparams {
+        arch,
+        hidden,
+        layers: u("num_hidden_layers")?,
+        ff: u("intermediate_size")?,
+        heads,
+        kv_heads,
+        eps: cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+        // transformers 5 moved it into rope_parameters.
+        rope_theta: cfg["rope_theta"]
+            .as_f64()
+            .or_else(|| cfg["rope_parameters"]["rope_theta"].as_f64())
+            .unwrap_or(10000.0) as f32,
+        ctx: cfg["max_position_embeddings"].as_u64().unwrap_or(2048),
+        vocab: cfg["vocab_size"].as_u64(),
+        head_dim,
+    })
+}
+
+/// The GGUF name of an HF tensor name (llama/mistral/qwen2 share one
+/// scheme), `None` for tensors llama.cpp does not take.
+fn map_name(name: &str) -> Option<String> {
+    let fixed = match name {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (n, rest) = rest.split_once('.')?;
+    let n: u64 = n.parse().ok()?;
+    let (part, suffix) = rest.rsplit_once('.')?;
+    let g = match part {
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        _ => return None,
+    };
+    matches!(suffix, "weight" | "bias").then(|| format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// Source tensors dropped on purpose (as the converter drops them).
+fn dropped(name: &str) -> bool {
+    name.ends_with(".rotary_emb.inv_freq")
+}
+
+fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Result<Vec<Planned>> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (k, t) in m.tensors().iter().enumerate() {
+        let label = || format!("{}: tensor {:?}", m.file_label(t.file), t.name);
+        let Some(name) = map_name(&t.name) else {
+            if dropped(&t.name) {
+                continue;
+            }
+            return Err(input(
+                label(),
+                format!("no GGUF name for it in architecture {}", h.arch.name()),
+            ));
+        };
+        if !seen.insert(name.clone()) {
+            return Err(input(
+                label(),
+                format!("maps to {name}, which another tensor maps to"),
+            ));
+        }
+        let dt = Dtype::parse(&t.dtype)
+            .filter(|d| cast::is_float(*d))
+            .ok_or_else(|| {
+                input(
+                    label(),
+                    format!(
+                        "dtype {} cannot be written as a GGUF float or quantised tensor",
+                        t.dtype
+                    ),
+                )
+            })?;
+        let n: u64 = t.shape.iter().product();
+        let ne0 = t.shape.last().copied().unwrap_or(1);
+        let ty = if t.shape.len() <= 1 || name.ends_with("_norm.weight") {
+            GgmlType::F32
+        } else {
+            let keep = match dt {
+                Dtype::F16 => GgmlType::F16,
+                Dtype::BF16 => GgmlType::BF16,
+                _ => GgmlType::F32,
+            };
+            match c {
+                None => keep,
+                Some(Cast::F32) => GgmlType::F32,
+                Some(Cast::F16) => GgmlType::F16,
+                Some(Cast::BF16) => GgmlType::BF16,
+                Some(q @ (Cast::Q8_0 | Cast::Q4_0)) => {
+                    if ne0.is_multiple_of(32) {
+                        if q == Cast::Q8_0 {
+                            GgmlType::Q8_0
+                        } else {
+                            GgmlType::Q4_0
+                        }
+                    } else {
+                        notes.push(format!("{name}: rows of {ne0} elements are not whole {} blocks of 32: written as f16", q.name()));
+                        GgmlType::F16
+                    }
+                }
+                // Rows that are not whole 256-element super-blocks: q4_0
+                // when they are whole 32-element blocks, else f16.
+                Some(Cast::Q4K) if ne0.is_multiple_of(256) => GgmlType::Q4K,
+                Some(Cast::Q4K) if ne0.is_multiple_of(32) => {
+                    notes.push(format!("{name}: rows of {ne0} elements are not whole q4_k super-blocks of 256: written as q4_0"));
+                    GgmlType::Q4_0
+                }
+                Some(Cast::Q4K) => {
+                    notes.push(format!("{name}: rows of {ne0} elements are not whole q4_k or q4_0 blocks: written as f16"));
+                    GgmlType::F16
+                }
+            }
+        };
+        let permute = match (h.arch, name.rsplit_once('.')) {
+            (Arch::Llama, Some((base, "weight"))) if base.ends_with(".attn_q") => Some(h.heads),
+            (Arch::Llama, Some((base, "weight"))) if base.ends_with(".attn_k") => Some(h.kv_heads),
+            _ => None,
+        };
+        if let Some(heads) = permute {
+            let rows = t.shape.first().copied().unwrap_or(0);
+            if t.shape.len() != 2 || !rows.is_multiple_of(2 * heads) {
+                return Err(input(
+                    label(),
+                    format!(
+                        "shape {:?} does not split into {heads} heads of rotary pairs",
+                        t.shape
+                    ),
+                ));
+            }
+        }
+        out.push(Planned {
+            k,
+            name,
+            dims: t.shape.iter().rev().copied().collect(),
+            ty,
+            permute,
+            offset: 0,
+            len: ty.bytes(n),
+        });
+    }
+    if !out.iter().any(|p| p.name == "token_embd.weight") {
+        return Err(input(
+            m.path().display(),
+            "no model.embed_tokens.weight: not a llama-style checkpoint",
+        ));
+    }
+    let mut off = 0;
+    for p in &mut out {
+        p.offset = off;
+        off = (off + p.len).div_ceil(ALIGN) * ALIGN;
+    }
+    Ok(out)
+}
+
+/// Metadata, rendered as it will be written.
+#[derive(Default)]
+struct Kv {
+    bytes: Vec<u8>,
+    count: u64,
+}
+
+impl Kv {
+    fn key(&mut self, k: &str, ty: u32) {
+        put_str(&mut self.bytes, k);
+        self.bytes.extend_from_slice(&ty.to_le_bytes());
+        self.count += 1;
+    }
+    fn u32(&mut self, k: &str, v: u64) {
+        self.key(k, vt::U32);
+        self.bytes
+            .extend_from_slice(&(v.min(u32::MAX as u64) as u32).to_le_bytes());
+    }
+    fn f32(&mut self, k: &str, v: f32) {
+        self.key(k, vt::F32);
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bool(&mut self, k: &str, v: bool) {
+        self.key(k, vt::BOOL);
+        self.bytes.push(v as u8);
+    }
+    fn str(&mut self, k: &str, v: &str) {
+        self.key(k, vt::STRING);
+        put_str(&mut self.bytes, v);
+    }
+    fn strs(&mut self, k: &str, v: &[String]) {
+        self.key(k, vt::ARRAY);
+        self.bytes.extend_from_slice(&vt::STRING.to_le_bytes());
+        self.bytes
+            .extend_from_slice(&(v.len() as u64).to_le_bytes());
+        for s in v {
+            put_str(&mut self.bytes, s);
+        }
+    }
+    fn i32s(&mut self, k: &str, v: &[i32]) {
+        self.key(k, vt::ARRAY);
+        self.bytes.extend_from_slice(&vt::I32.to_le_bytes());
+        self.bytes
+            .extend_from_slice(&(v.len() as u64).to_le_bytes());
+        for x in v {
+            self.bytes.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    b.extend_from_slice(s.as_bytes());
+}
+
+/// The largest token id accepted from a tokenizer (bounds the vocabulary
+/// arrays built from untrusted ids and vocab_size; real vocabularies are
+/// at most ~2^18).
+const MAX_TOKEN_ID: u64 = 1 << 22;
+
+/// Token type values of llama.cpp (gguf.TokenType).
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+const UNUSED: i32 = 5;
+
+fn tokenizer(m: &Model, h: &Hparams, n_embd_rows: u64, kv: &mut Kv) -> Result<()> {
+    let Some(tok) = json_file(m, "tokenizer.json")? else {
+        let what = if m.find_file("tokenizer.model").is_some() {
+            "only a SentencePiece tokenizer.model, which GGUF export does not read yet: it needs tokenizer.json"
+        } else {
+            "no tokenizer.json: GGUF needs the tokenizer"
+        };
+        return Err(input(m.path().display(), what));
+    };
+    let label = format!("{}/tokenizer.json", m.path().display());
+    let model = &tok["model"];
+    if model["type"].as_str() != Some("BPE") {
+        return Err(input(
+            &label,
+            format!(
+                "tokenizer model {} is not supported for GGUF export (only BPE)",
+                model["type"]
+            ),
+        ));
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| input(&label, "model.vocab is not an object"))?;
+    let mut ids: Vec<(u64, String, i32)> = Vec::with_capacity(vocab.len());
+    for (t, id) in vocab {
+        let id = id.as_u64().filter(|&i| i < MAX_TOKEN_ID).ok_or_else(|| {
+            input(
+                &label,
+                format!("token {t:?}: id {id} is not an integer below {MAX_TOKEN_ID}"),
+            )
+        })?;
+        ids.push((id, t.clone(), NORMAL));
+    }
+    for a in tok["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(t)) = (a["id"].as_u64(), a["content"].as_str()) else {
+            return Err(input(&label, "added_tokens entry without id or content"));
+        };
+        if id >= MAX_TOKEN_ID {
+            return Err(input(
+                &label,
+                format!("added token {t:?}: id {id} too large"),
+            ));
+        }
+        let ty = if a["special"].as_bool() == Some(true) {
+            CONTROL
+        } else {
+            USER_DEFINED
+        };
+        ids.push((id, t.to_string(), ty));
+    }
+    let max = ids.iter().map(|x| x.0 + 1).max().unwrap_or(0);
+    let n = max.max(h.vocab.unwrap_or(0)).max(n_embd_rows);
+    if n > MAX_TOKEN_ID {
+        return Err(input(
+            &label,
+            format!("vocabulary of {n} tokens is too large"),
+        ));
+    }
+    let mut tokens: Vec<Option<String>> = vec![None; n as usize];
+    let mut types = vec![UNUSED; n as usize];
+    for (id, t, ty) in ids {
+        // An added token overrides the vocabulary's entry of the same id.
+        tokens[id as usize] = Some(t);
+        types[id as usize] = ty;
+    }
+    let tokens: Vec<String> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.unwrap_or_else(|| format!("[PAD{i}]")))
+        .collect();
+    let merges: Vec<String> = match &model["merges"] {
+        Value::Array(a) => a
+            .iter()
+            .map(|x| match x {
+                Value::String(s) => Ok(s.clone()),
+                Value::Array(p) if p.len() == 2 && p.iter().all(|v| v.is_string()) => Ok(format!(
+                    "{} {}",
+                    p[0].as_str().unwrap_or(""),
+                    p[1].as_str().unwrap_or("")
+                )),
+                _ => Err(input(
+                    &label,
+                    "model.merges holds something other than pairs",
+                )),
+            })
+            .collect::<Result<_>>()?,
+        Value::Null => Vec::new(),
+        _ => return Err(input(&label, "model.merges is not an array")),
+    };
+    kv.str("tokenizer.ggml.model", "gpt2");
+    kv.str(
+        "tokenizer.ggml.pre",
+        match h.arch {
+            Arch::Qwen2 => "qwen2",
+            Arch::Llama => "default",
+        },
+    );
+    kv.strs("tokenizer.ggml.tokens", &tokens);
+    kv.i32s("tokenizer.ggml.token_type", &types);
+    kv.strs("tokenizer.ggml.merges", &merges);
+    // Special tokens: tokenizer_config.json names them; config.json has ids.
+    let tc = json_file(m, "tokenizer_config.json")?.unwrap_or(Value::Null);
+    let cfg = json_file(m, "config.json")?.unwrap_or(Value::Null);
+    let id_of = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u64);
+    for (field, key, cfg_key) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id", "bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id", "eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id", ""),
+        (
+            "pad_token",
+            "tokenizer.ggml.padding_token_id",
+            "pad_token_id",
+        ),
+    ] {
+        let named = match &tc[field] {
+            Value::String(s) => Some(s.as_str()),
+            Value::Object(o) => o.get("content").and_then(|v| v.as_str()),
+            _ => None,
+        };
+        let id = named.and_then(id_of).or_else(|| {
+            (!cfg_key.is_empty())
+                .then(|| cfg[cfg_key].as_u64())
+                .flatten()
+                .filter(|&i| i < n)
+        });
+        if let Some(id) = id {
+            kv.u32(key, id);
+        }
+    }
+    for (field, key) in [
+        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
+        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
+    ] {
+        if let Some(b) = tc[field].as_bool() {
+            kv.bool(key, b);
+        }
+    }
+    Ok(())
+}
+
+/// llama.cpp's file type code for a cast (LlamaFileType).
+fn file_type(c: Option<Cast>) -> Option<u64> {
+    match c? {
+        Cast::F32 => Some(0),
+        Cast::F16 => Some(1),
+        Cast::Q4_0 => Some(2),
+        Cast::Q8_0 => Some(7),
+        Cast::BF16 => Some(32),
+        // MOSTLY_Q4_K_S: q4_k throughout.
+        Cast::Q4K => Some(14),
+    }
+}
+
+pub fn export(
+    m: &Model,
+    out: &Path,
+    opts: &Options,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Summary> {
+    let h = hparams(m)?;
+    let mut notes = Vec::new();
+    let planned = plan(m, &h, opts.cast, &mut notes)?;
+    let embd_rows = planned
+        .iter()
+        .find(|p| p.name == "token_embd.weight")
+        .and_then(|p| p.dims.get(1).copied())
+        .unwrap_or(0);
+    let a = h.arch.name();
+    let mut kv = Kv::default();
+    kv.str("general.architecture", a);
+    let name = m
+        .path()
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    kv.str("general.name", &name);
+    if let Some(ft) = file_type(opts.cast) {
+        kv.u32("general.file_type", ft);
+    }
+    kv.u32("general.quantization_version", 2);
+    kv.u32(&format!("{a}.context_length"), h.ctx);
+    kv.u32(&format!("{a}.embedding_length"), h.hidden);
+    kv.u32(&format!("{a}.block_count"), h.layers);
+    kv.u32(&format!("{a}.feed_forward_length"), h.ff);
+    kv.u32(&format!("{a}.attention.head_count"), h.heads);
+    kv.u32(&format!("{a}.attention.head_count_kv"), h.kv_heads);
+    kv.f32(&format!("{a}.attention.layer_norm_rms_epsilon"), h.eps);
+    kv.f32(&format!("{a}.rope.freq_base"), h.rope_theta);
+    kv.u32(&format!("{a}.rope.dimension_count"), h.head_dim);
+    if let Some(v) = h.vocab {
+        kv.u32(&format!("{a}.vocab_size"), v);
+    }
+    tokenizer(m, &h, embd_rows, &mut kv)?;
+
+    let mut head = Vec::new();
+    head.extend_from_slice(b"GGUF");
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(planned.len() as u64).to_le_bytes());
+    head.extend_from_slice(&kv.count.to_le_bytes());
+    head.extend_from_slice(&kv.bytes);
+    for p in &planned {
+        put_str(&mut head, &p.name);
+        head.extend_from_slice(&(p.dims.len() as u32).to_le_bytes());
+        for d in &p.dims {
+            head.extend_from_slice(&d.to_le_bytes());
+        }
+        head.extend_from_slice(&(p.ty as u32).to_le_bytes());
+        head.extend_from_slice(&p.offset.to_le_bytes());
+    }
+    let pad = |n: u64| vec![0u8; (n.div_ceil(ALIGN) * ALIGN - n) as usize];
+    let head_pad = pad(head.len() as u64);
+
+    let mut s = Summary {
+        files: 1,
+        tensors: planned.len(),
+        source_bytes: planned.iter().map(|p| m.tensors()[p.k].len).sum(),
+        notes,
+        ..Summary::default()
+    };
+    let mut failed = None;
+    let r = crate::fsutil::write_atomic(out, opts.force, |w| {
+        w.write_all(&head)?;
+        w.write_all(&head_pad)?;
+        let mut pos = 0u64;
+        for p in &planned {
+            debug_assert_eq!(pos, p.offset);
+            let mut written = 0u64;
+            let res = write_tensor(
+                m,
+                p,
+                &mut |b: &[u8]| {
+                    written += b.len() as u64;
+                    w.write_all(b)
+                },
+                progress,
+            );
+            match res {
+                Ok(()) => {}
+                Err(ModelError::Output(e)) => return Err(e),
+                Err(e) => {
+                    failed = Some(e);
+                    return Err(io::Error::other("reading the model failed"));
+                }
+            }
+            if written != p.len {
+                return Err(io::Error::other(format!(
+                    "{}: wrote {written} bytes, planned {}",
+                    p.name, p.len
+                )));
+            }
+            let pd = pad(p.len);
+            w.write_all(&pd)?;
+            pos += p.len + pd.len() as u64;
+        }
+        Ok(())
+    });
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    r.map_err(|source| ExportError::Output {
+        path: out.display().to_string(),
+        source,
+    })?;
+    s.written_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for p in &planned {
+        *counts.entry(p.ty.name()).or_default() += 1;
+    }
+    s.notes.push(format!(
+        "GGUF v3, arch {a}, {} tensors ({})",
+        planned.len(),
+        counts
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    Ok(s)
+}
+
+/// Encodes f32-or-float source bytes of dtype `dt` as `ty`.
+fn encode(dt: Dtype, ty: GgmlType, src: &[u8]) -> Vec<u8> {
+    let same = matches!(
+        (dt, ty),
+        (Dtype::F32, GgmlType::F32) | (Dtype::F16, GgmlType::F16) | (Dtype::BF16, GgmlType::BF16)
+    );
+    if same {
+        return src.to_vec();
+    }
+    let mut out = Vec::new();
+    match ty {
+        GgmlType::F32 => cast::convert(dt, Dtype::F32, src, &mut out),
+        GgmlType::F16 => cast::convert(dt, Dtype::F16, src, &mut out),
+        GgmlType::BF16 => cast::convert(dt, Dtype::BF16, src, &mut out),
+        GgmlType::Q8_0 => out = quant::q8_0(&cast::to_f32(dt, src)),
+        GgmlType::Q4_0 => out = quant::q4_0(&cast::to_f32(dt, src)),
+        GgmlType::Q4K => out = quant::q4_k(&cast::to_f32(dt, src)),
+    }
+    out
+}
+
+/// Streams one planned tensor's GGUF bytes to `w`.
+fn write_tensor(
+    m: &Model,
+    p: &Planned,
+    w: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> std::result::Result<(), ModelError> {
+    let t: &Tensor = &m.tensors()[p.k];
+    let dt = Dtype::parse(&t.dtype).expect("checked in plan");
+    let width = cast::width(dt) as u64;
+    match p.permute {
+        None => m.stream_tensor(p.k, width * 256, &mut |b| {
+            progress(b.len() as u64);
+            w(&encode(dt, p.ty, b))
+        }),
+        Some(heads) => {
+            // One tensor in memory: output row r of head h, pair half i,
+            // element j of the pair comes from source row h·2·half + j·half + i.
+            let mut src = Vec::new();
+            src.try_reserve_exact(t.len as usize)
+                .map_err(|_| ModelError::Input {
+                    path: m.file_label(t.file),
+                    what: format!("tensor {:?}: cannot allocate {} bytes", t.name, t.len),
+                })?;
+            m.stream_tensor(p.k, 1, &mut |b| {
+                src.extend_from_slice(b);
+                Ok(())
+            })?;
+            progress(t.len);
+            let rows = t.shape[0];
+            let row = (t.len / rows) as usize;
+            let half = rows / heads / 2;
+            let mut perm = vec![0u8; src.len()];
+            for hd in 0..heads {
+                for i in 0..half {
+                    for j in 0..2 {
+                        let dst = (hd * 2 * half + i * 2 + j) as usize;
+                        let from = (hd * 2 * half + j * half + i) as usize;
+                        perm[dst * row..(dst + 1) * row]
+                            .copy_from_slice(&src[from * row..(from + 1) * row]);
+                    }
+                }
+            }
+            drop(src);
+            let step =
+                (crate::model::CHUNK / (width * 256)).max(1) as usize * (width as usize * 256);
+            for c in perm.chunks(step) {
+                w(&encode(dt, p.ty, c)).map_err(ModelError::Output)?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! A model to read tensors from, whatever holds it: an archive of any kind
+//! (through [`ArchiveView`], so a kind added to `crate::archive` works here
+//! unchanged), a plain `.safetensors` file, or a model directory.
+//!
+//! A [`Model`] is a list of files (relative `/`-separated paths, sizes) and
+//! the tensors of the files that are safetensors. Tensors are found by
+//! reading each such file's header through the same byte interface the
+//! mount serves ([`Model::read_at`]) and validating it fully
+//! ([`Header::parse`]) against the file's size, so every tensor range read
+//! afterwards lies inside its file. Nothing is allocated from a length
+//! before that check; tensor bytes are streamed in chunks
+//! ([`Model::stream_range`]), never held whole.
+//!
+//! Reads of an archive decode, in parallel, only the blocks a range
+//! touches ([`crate::archive::plan`]). This module must not depend on
+//! `commands` (no clap, no anyhow).
+
+use crate::archive::{self, ArchiveError, ArchiveView, PieceSource};
+use crate::format::safetensors::{Header, HeaderError, MAX_HEADER_LEN};
+use rayon::prelude::*;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// Bytes of a tensor read (and decoded) at once when streaming.
+pub const CHUNK: u64 = 16 << 20;
+
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("{path}: safetensors header: {source}")]
+    Header { path: String, source: HeaderError },
+    #[error("{path}: {what}")]
+    Input { path: String, what: String },
+    /// Writing what was read failed (the caller names the output).
+    #[error("{0}")]
+    Output(io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// Where the bytes come from.
+enum Source {
+    Archive(Arc<dyn ArchiveView>),
+    /// Plain files: absolute paths, in the order of [`Model::files`].
+    Plain(Vec<PathBuf>),
+}
+
+/// One file of the model.
+#[derive(Debug, Clone)]
+pub struct ModelFile {
+    /// Relative `/`-separated path (for a single-file input, its name).
+    pub path: String,
+    pub len: u64,
+    /// Its parsed header, when the file is safetensors.
+    pub header: Option<Header>,
+    /// Where its data buffer starts (8 + header length).
+    pub data_start: u64,
+}
+
+/// One tensor of one safetensors file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tensor {
+    /// Index into [`Model::files`].
+    pub file: usize,
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    /// Absolute offset of its bytes in the file.
+    pub offset: u64,
+    pub len: u64,
+}
+
+pub struct Model {
+    /// What the user named (for messages).
+    path: PathBuf,
+    source: Source,
+    files: Vec<ModelFile>,
+    tensors: Vec<Tensor>,
+}
+
+/// True for a path the model treats as safetensors.
+fn is_safetensors(rel: &str) -> bool {
+    rel.ends_with(".safetensors")
+}
+
+impl Model {
+    /// Opens an archive of any kind, a `.safetensors` file or a directory.
+    pub fn open(path: &Path) -> Result<Model> {
+        let io = |source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            let walked = crate::pack::walk(path, None).map_err(|e| ModelError::Input {
+                path: path.display().to_string(),
+                what: e.to_string(),
+            })?;
+            let mut files = Vec::new();
+            let mut abs = Vec::new();
+            for (rel, p) in walked {
+                let len = std::fs::metadata(&p).map_err(io)?.len();
+                files.push(ModelFile {
+                    path: rel,
+                    len,
+                    header: None,
+                    data_start: 0,
+                });
+                abs.push(p);
+            }
+            return Model::build(path, Source::Plain(abs), files);
+        }
+        let mut head = [0u8; 8];
+        let n = File::open(path)
+            .and_then(|mut f| f.read(&mut head))
+            .map_err(io)?;
+        let head = &head[..n];
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if archive::Kind::detect(head).is_some() || archive::unsupported_kind(head).is_some() {
+            let a = archive::open(path)?;
+            let stem = path
+                .file_stem()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let files = (0..a.files())
+                .map(|i| ModelFile {
+                    // A single-file archive presents the .safetensors it
+                    // reconstructs, under the archive's own name.
+                    path: match a.file_path(i) {
+                        "" => format!("{stem}.safetensors"),
+                        p => p.to_string(),
+                    },
+                    len: a.logical_len(i),
+                    header: None,
+                    data_start: 0,
+                })
+                .collect();
+            return Model::build(path, Source::Archive(a), files);
+        }
+        let file = ModelFile {
+            path: if is_safetensors(&name) {
+                name
+            } else {
+                format!("{name}.safetensors")
+            },
+            len: meta.len(),
+            header: None,
+            data_start: 0,
+        };
+        Model::build(path, Source::Plain(vec![path.to_path_buf()]), vec![file])
+    }
+
+    fn build(path: &Path, source: Source, files: Vec<ModelFile>) -> Result<Model> {
+        let mut m = Model {
+            path: path.to_path_buf(),
+            source,
+            files,
+            tensors: Vec::new(),
+        };
+        for i in 0..m.files.len() {
+            if !is_safetensors(&m.files[i].path) {
+                continue;
+            }
+            let (header, data_start) = m.read_header(i)?;
+            for t in &header.tensors {
+                m.tensors.push(Tensor {
+                    file: i,
+                    name: t.name.clone(),
+                    dtype: t.dtype.clone(),
+                    shape: t.shape.clone(),
+                    offset: data_start + t.begin,
+                    len: t.len(),
+                });
+            }
+            m.files[i].header = Some(header);
+            m.files[i].data_start = data_start;
+        }
+        Ok(m)
+    }
+
+    /// Reads and fully validates the safetensors header of file `i`.
+    fn read_header(&self, i: usize) -> Result<(Header, u64)> {
+        let f = &self.files[i];
+        let herr = |source| ModelError::Header {
+            path: self.file_label(i),
+            source,
+        };
+        let mut len8 = [0u8; 8];
+        let got = self.read_at(i, 0, &mut len8)?;
+        let hlen = crate::format::safetensors::header_len(&len8[..got], f.len).map_err(herr)?;
+        debug_assert!(hlen <= MAX_HEADER_LEN);
+        let mut raw = vec![0u8; hlen as usize];
+        self.read_exact_at(i, 8, &mut raw)?;
+        let data_start = 8 + hlen;
+        let header = Header::parse(&raw, f.len - data_start).map_err(herr)?;
+        Ok((header, data_start))
+    }
+
+    /// What the user named.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The archive behind the model, if it is one.
+    pub fn archive(&self) -> Option<&Arc<dyn ArchiveView>> {
+        match &self.source {
+            Source::Archive(a) => Some(a),
+            Source::Plain(_) => None,
+        }
+    }
+
+    pub fn files(&self) -> &[ModelFile] {
+        &self.files
+    }
+
+    /// Every tensor, file by file, each file's in header order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// How messages name file `i`: `MODEL/REL` (or the file itself).
+    pub fn file_label(&self, i: usize) -> String {
+        match &self.source {
+            Source::Plain(v) if v.len() == 1 && v[0] == self.path => {
+                self.path.display().to_string()
+            }
+            _ => format!("{}/{}", self.path.display(), self.files[i].path),
+        }
+    }
+
+    /// The index of the file at relative path `rel`.
+    pub fn find_file(&self, rel: &str) -> Option<usize> {
+        self.files.iter().position(|f| f.path == rel)
+    }
+
+    /// The tensor named `spec`, or `FILE:NAME` when the name is in several
+    /// files. The error says which.
+    pub fn find_tensor(&self, spec: &str) -> Result<usize> {
+        let hits = |name: &str, file: Option<&str>| -> Vec<usize> {
+            (0..self.tensors.len())
+                .filter(|&k| {
+                    let t = &self.tensors[k];
+                    t.name == name && file.is_none_or(|p| self.files[t.file].path == p)
+                })
+                .collect()
+        };
+        let mut found = hits(spec, None);
+        if found.is_empty() {
+            if let Some((file, name)) = spec.split_once(':') {
+                found = hits(name, Some(file));
+            }
+        }
+        let input = |what: String| ModelError::Input {
+            path: self.path.display().to_string(),
+            what,
+        };
+        match found.len() {
+            0 => Err(input(format!("no tensor {spec:?}"))),
+            1 => Ok(found[0]),
+            _ => Err(input(format!(
+                "tensor {spec:?} is in {}; name it as FILE:NAME",
+                found
+                    .iter()
+                    .map(|&k| self.files[self.tensors[k].file].path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ))),
+        }
+    }
+
+    /// Reads bytes of file `i` at `offset` (clamped to the file); returns
+    /// the count. Archive blocks are decoded in parallel.
+    pub fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        match &self.source {
+            Source::Plain(paths) => {
+                let p = &paths[i];
+                let io = |source| ModelError::Io {
+                    path: p.display().to_string(),
+                    source,
+                };
+                let f = File::open(p).map_err(io)?;
+                let len = self.files[i].len;
+                if offset >= len {
+                    return Ok(0);
+                }
+                let n = (buf.len() as u64).min(len - offset) as usize;
+                f.read_exact_at(&mut buf[..n], offset).map_err(io)?;
+                Ok(n)
+            }
+            Source::Archive(a) => Ok(read_par(&**a, i, offset, buf)?),
+        }
+    }
+
+    fn read_exact_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let n = self.read_at(i, offset, buf)?;
+        if n < buf.len() {
+            return Err(ModelError::Input {
+                path: self.file_label(i),
+                what: format!("ends at {} bytes, before {}", offset + n as u64, buf.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Streams bytes `[offset, offset + len)` of file `i` to `f`, in
+    /// chunks of at most [`CHUNK`] bytes (and multiples of `align` bytes,
+    /// so a chunk holds whole elements or quantisation blocks).
+    pub fn stream_range(
+        &self,
+        i: usize,
+        offset: u64,
+        len: u64,
+        align: u64,
+        f: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<()> {
+        let align = align.max(1);
+        let step = (CHUNK / align).max(1) * align;
+        let mut buf = vec![0u8; step.min(len) as usize];
+        let mut pos = 0;
+        while pos < len {
+            let n = step.min(len - pos) as usize;
+            self.read_exact_at(i, offset + pos, &mut buf[..n])?;
+            f(&buf[..n]).map_err(ModelError::Output)?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Streams tensor `t`'s bytes (see [`Model::stream_range`]).
+    pub fn stream_tensor(
+        &self,
+        t: usize,
+        align: u64,
+        f: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<()> {
+        let t = &self.tensors[t];
+        self.stream_range(t.file, t.offset, t.len, align, f)
+    }
+
+    /// Copies file `i` into `w` byte for byte.
+    pub fn copy_file(&self, i: usize, w: &mut dyn Write, progress: &dyn Fn(u64)) -> Result<()> {
+        match &self.source {
+            Source::Archive(a) => archive::write_to(&**a, i, w, progress).map_err(|e| match e {
+                archive::WriteError::Archive(e) => e.into(),
+                archive::WriteError::Write(e) => ModelError::Output(e),
+            }),
+            Source::Plain(_) => self.stream_range(i, 0, self.files[i].len, 1, &mut |b| {
+                progress(b.len() as u64);
+                w.write_all(b)
+            }),
+        }
+    }
+
+    /// Reads a small non-tensor file (config.json, tokenizer.json) whole.
+    /// `limit` bounds what it may allocate.
+    pub fn read_small(&self, i: usize, limit: u64) -> Result<Vec<u8>> {
+        let len = self.files[i].len;
+        if len > limit {
+            return Err(ModelError::Input {
+                path: self.file_label(i),
+                what: format!("{len} bytes, more than the {limit}-byte limit for this file"),
+            });
+        }
+        let mut v = vec![0u8; len as usize];
+        self.read_exact_at(i, 0, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// Reads `buf.len()` bytes of file `file` at `offset` from an archive,
+/// decoding the blocks involved in parallel.
+fn read_par(
+    a: &dyn ArchiveView,
+    file: usize,
+    offset: u64,
+    buf: &mut [u8],
+) -> std::result::Result<usize, ArchiveError> {
+    let len = a.logical_len(file);
+    if offset >= len {
+        return Ok(0);
+    }
+    let n = (buf.len() as u64).min(len - offset) as usize;
+    a.check_range(file, offset..offset + n as u64)?;
+    let pieces = archive::plan(a, file, offset..offset + n as u64)?;
+    // Disjoint output slices, one per piece (pieces are in output order).
+    let mut rest = &mut buf[..n];
+    let mut jobs = Vec::with_capacity(pieces.len());
+    let mut at = 0u64;
+    for p in pieces {
+        let skip = (p.out_offset - at) as usize;
+        let width = (p.within.end - p.within.start) as usize;
+        let (_, r) = std::mem::take(&mut rest).split_at_mut(skip);
+        let (dst, r) = r.split_at_mut(width);
+        rest = r;
+        at = p.out_offset + width as u64;
+        jobs.push((p, dst));
+    }
+    jobs.into_par_iter().try_for_each(|(p, dst)| {
+        let within = p.within.start as usize..p.within.end as usize;
+        match p.source {
+            PieceSource::Prefix => dst.copy_from_slice(&a.prefix(file)?[within]),
+            PieceSource::Block(key) => dst.copy_from_slice(&a.decode_block(key)?[within]),
+        }
+        Ok::<(), ArchiveError>(())
+    })?;
+    Ok(n)
+}
+
+/// A file name for a tensor: never a path (no `/`, no NUL, not `.`/`..`).
+pub fn bin_name(tensor: &str) -> String {
+    let s = tensor.replace(['/', '\0'], "_");
+    match s.as_str() {
+        "" | "." | ".." => format!("_{s}"),
+        _ => s,
+    }
+}
