@@ -1,6 +1,7 @@
 //! One module per subcommand. Each returns an exit code or an error whose
 //! one-line message names the file and what is wrong.
 
+mod blazex;
 mod blz;
 mod daemon_state;
 mod info;

@@ -6,6 +6,7 @@
 //! here (it adds the `decode*` methods of frames and plane payloads), so
 //! nothing here may depend on `codec`.
 
+pub mod blazex;
 pub mod blz;
 pub mod ckx;
 pub mod cursor;
