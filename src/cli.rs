@@ -98,6 +98,9 @@ pub struct PackArgs {
     /// For .blz: store tensor bytes raw (uncompressed little-endian, the BLAZE-X layout).
     #[arg(long)]
     pub raw: bool,
+    /// For .blz: which archive to write. `ckptfs` (default): ckptfs's compressed .blz, the whole directory byte for byte. `blazex`: the BLAZE-X tool's uncompressed layout (model tensors, config, tokenizer and its sidecars only), for blazex users.
+    #[arg(long, value_enum, default_value_t = BlzFormat::Ckptfs)]
+    pub format: BlzFormat,
     /// Pack a whole directory tree: every .safetensors becomes a .zstn, every other file is copied.
     #[arg(short, long)]
     pub recursive: bool,
@@ -107,6 +110,13 @@ pub struct PackArgs {
     /// Replace existing output files.
     #[arg(short, long)]
     pub force: bool,
+}
+
+/// The `.blz` layouts `pack` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BlzFormat {
+    Ckptfs,
+    Blazex,
 }
 
 #[derive(Debug, clap::Args)]

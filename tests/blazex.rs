@@ -367,3 +367,99 @@ fn hostile_headers_fail_in_one_line_and_write_nothing_outside() {
         );
     }
 }
+
+#[test]
+fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer() {
+    let (tmp, src, theirs) = fixture();
+    let ours = tmp.path().join("ours.blz");
+    let p = ckptfs(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        ours.to_str().unwrap(),
+        "--format",
+        "blazex",
+    ]);
+    assert!(p.status.success(), "{}", text(&p));
+    let bytes = fs::read(&ours).unwrap();
+    assert_eq!(&bytes[..12], b"BLAZXPK\n\x01\0\0\0");
+    let (mut h, data) = split(&bytes);
+    let (mut h2, data2) = split(&fs::read(&theirs).unwrap());
+    assert!(data == data2, "data sections differ");
+    h["created_at"] = json!(0);
+    h2["created_at"] = json!(0);
+    assert_eq!(h, h2);
+    // Pretty-printed, members in blazex's order.
+    let hl = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+    let text_h = std::str::from_utf8(&bytes[20..20 + hl]).unwrap();
+    assert!(
+        text_h.starts_with("{\n  \"version\": 1,\n  \"created_at\": \""),
+        "{text_h:.80}"
+    );
+    let order: Vec<usize> = [
+        "\"model_config\"",
+        "\"tokenizer\"",
+        "\"sidecar_files\"",
+        "\"tensors\"",
+        "\"data_sha256\"",
+    ]
+    .iter()
+    .map(|k| text_h.find(k).unwrap())
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    py("export", &ours, &a);
+    py("export", &theirs, &b);
+    for f in files_under(&b) {
+        assert!(
+            fs::read(a.join(&f)).unwrap() == fs::read(b.join(&f)).unwrap(),
+            "{f}"
+        );
+    }
+    // Written atomically with a plain file's mode; refused when it exists.
+    let again = ckptfs(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        ours.to_str().unwrap(),
+        "--format",
+        "blazex",
+    ]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+}
+
+#[test]
+fn pack_format_blazex_refuses_a_dtype_it_cannot_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let f64s: Vec<u8> = (0..4u64).flat_map(|i| (i as f64).to_le_bytes()).collect();
+    fs::write(
+        src.join("model.safetensors"),
+        common::safetensors_file(
+            &[
+                ("ok", "F32", vec![2], vec![0u8; 8]),
+                ("model.double", "F64", vec![4], f64s),
+            ],
+            None,
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("x.blz");
+    let p = ckptfs(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "blazex",
+    ]);
+    assert_eq!(p.status.code(), Some(1), "{}", text(&p));
+    let e = String::from_utf8_lossy(&p.stderr);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("\"model.double\"") && e.contains("F64"), "{e}");
+    assert!(!out.exists());
+    assert_eq!(files_under(tmp.path()), ["src", "src/model.safetensors"]);
+}

@@ -1,9 +1,42 @@
 //! BLAZE-X `.blz` archives (the `blazex` tool's) on the command line:
-//! `info` (dispatched here by magic). `unpack`, `verify`, `list` and
+//! `info` (dispatched here by magic) and `pack --format blazex`. `unpack`, `verify`, `list` and
 //! `extract` work on them through `crate::archive` like on every kind.
 
+use super::{progress, Global, Result};
 use crate::archive::{ArchiveView, BlazexArchive};
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// `ckptfs pack DIR -o NAME.blz --format blazex`.
+pub fn pack(g: Global, src: &Path, out: &Path, force: bool) -> Result<()> {
+    let t = Instant::now();
+    let total = std::fs::read_dir(src)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    let pb = progress(g, total, "pack");
+    let s = crate::pack::pack_blazex(src, out, force, &|n| pb.inc(n))?;
+    pb.finish_and_clear();
+    if !g.quiet {
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{} -> {}: BLAZE-X v1, {} shards, {} tensors, {} sidecars, {} data bytes, {} stored, {:.0} MB/s",
+            src.display(),
+            out.display(),
+            s.shards,
+            s.tensors,
+            s.sidecars,
+            s.data_bytes,
+            s.stored_bytes,
+            s.data_bytes as f64 / 1e6 / secs.max(1e-9)
+        );
+    }
+    Ok(())
+}
 
 /// What a BLAZE-X archive holds, for `info --json`.
 pub fn info_json(a: &BlazexArchive) -> serde_json::Value {
