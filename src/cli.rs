@@ -35,6 +35,10 @@ pub enum Command {
     List(ListArgs),
     /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
     Extract(ExtractArgs),
+    /// Write a .blzdiff patch (BLAZE-X file format 2, open encodings) that turns BASE into TARGET, both BLAZE-X .blz archives.
+    Diff(DiffArgs),
+    /// Apply a BLAZE-X .blzdiff patch (file format 1 or 2) to BASE, writing the TARGET .blz; every tensor is checked against the patch's xxh3 before anything is written.
+    Apply(ApplyArgs),
     /// Mount a store: .zstn archives appear as .safetensors files, .blz archives as directories; writable unless --read-only.
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
@@ -63,6 +67,34 @@ pub struct InfoArgs {
     /// Only the summary, without the per-tensor table.
     #[arg(long)]
     pub summary: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    /// The base BLAZE-X .blz.
+    pub base: PathBuf,
+    /// The target BLAZE-X .blz.
+    pub target: PathBuf,
+    /// The patch to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace an existing output.
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The base BLAZE-X .blz.
+    pub base: PathBuf,
+    /// The .blzdiff patch.
+    pub patch: PathBuf,
+    /// The target .blz to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace an existing output.
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -463,3 +463,210 @@ fn pack_format_blazex_refuses_a_dtype_it_cannot_name() {
     assert!(!out.exists());
     assert_eq!(files_under(tmp.path()), ["src", "src/model.safetensors"]);
 }
+
+/// A base and a target BLAZE-X archive from the independent writer: the
+/// target has 4 tensors modified (BF16, F32, I64 a few bytes, F16), one
+/// added (U16), one removed (`model.norm.weight`). Returns (tempdir,
+/// base.blz, target.blz, a tensor that is modified).
+fn patch_pair() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    use ckptfs::format::safetensors::split_file;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    let target = tmp.path().join("target");
+    fs::create_dir(&base).unwrap();
+    fs::create_dir(&target).unwrap();
+    ModelDir {
+        seed: 77,
+        embed: [64, 32],
+        twin: false,
+        edge_cases: false,
+    }
+    .write(&base);
+    let shard = |name: &str| -> Vec<(String, String, Vec<u64>, Vec<u8>)> {
+        let b = fs::read(base.join(name)).unwrap();
+        let (h, data) = split_file(&b).unwrap();
+        h.tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.dtype.clone(),
+                    t.shape.clone(),
+                    data[t.begin as usize..t.end as usize].to_vec(),
+                )
+            })
+            .collect()
+    };
+    let write = |name: &str, ts: &[(String, String, Vec<u64>, Vec<u8>)]| {
+        let v: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = ts
+            .iter()
+            .map(|(n, d, s, b)| (n.as_str(), d.as_str(), s.clone(), b.clone()))
+            .collect();
+        fs::write(target.join(name), common::safetensors_file(&v, None)).unwrap();
+    };
+    let mut s1 = shard(common::SHARD1);
+    for (name, _, _, bytes) in &mut s1 {
+        match name.as_str() {
+            "model.embed_tokens.weight" => bytes.iter_mut().step_by(3).for_each(|b| *b ^= 0x21),
+            "model.layers.0.w" => bytes.iter_mut().step_by(4).for_each(|b| *b ^= 1),
+            "model.pos_ids" => bytes[16] ^= 0x7f,
+            _ => {}
+        }
+    }
+    write(common::SHARD1, &s1);
+    let mut s2: Vec<_> = shard(common::SHARD2)
+        .into_iter()
+        .filter(|t| t.0 != "model.norm.weight")
+        .collect();
+    for (name, _, _, bytes) in &mut s2 {
+        if name == "model.layers.1.w" {
+            bytes.iter_mut().step_by(2).for_each(|b| *b ^= 0x40);
+        }
+    }
+    write(common::SHARD2, &s2);
+    let added: Vec<u8> = (0..100u16).flat_map(|i| (i * 7).to_le_bytes()).collect();
+    write(
+        "model-extra.safetensors",
+        &[("added.t".into(), "U16".into(), vec![100], added)],
+    );
+    fs::copy(base.join("config.json"), target.join("config.json")).unwrap();
+    fs::write(target.join("tokenizer.json"), "{\"v\": 2}").unwrap();
+    let (b, t) = (tmp.path().join("base.blz"), tmp.path().join("target.blz"));
+    py("pack", &base, &b);
+    py("pack", &target, &t);
+    (tmp, b, t)
+}
+
+fn same_export(tmp: &Path, a: &Path, b: &Path) {
+    let (ea, eb) = (tmp.join("ea"), tmp.join("eb"));
+    let _ = fs::remove_dir_all(&ea);
+    let _ = fs::remove_dir_all(&eb);
+    py("export", a, &ea);
+    py("export", b, &eb);
+    assert_eq!(files_under(&ea), files_under(&eb));
+    for f in files_under(&eb) {
+        assert!(
+            fs::read(ea.join(&f)).unwrap() == fs::read(eb.join(&f)).unwrap(),
+            "{f}"
+        );
+    }
+}
+
+fn patch_py(base: &Path, target: &Path, out: &Path, args: &[&str]) {
+    let o = Command::new(venv_python())
+        .arg(tool())
+        .arg("patch")
+        .args([base, target, out])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The BLXD encoding bytes of a patch's blobs.
+fn encodings(patch: &Path) -> Vec<u8> {
+    let b = fs::read(patch).unwrap();
+    let ml = u64::from_le_bytes(b[12..20].try_into().unwrap()) as usize;
+    let m: Value = serde_json::from_slice(&b[20..20 + ml]).unwrap();
+    m["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["op"] == "Modified" || e["op"] == "Added")
+        .map(|e| b[20 + ml + e["blob_offset"].as_u64().unwrap() as usize + 4])
+        .collect()
+}
+
+#[test]
+fn v1_and_v2_patches_with_every_open_encoding_apply_exactly() {
+    let (tmp, base, target) = patch_pair();
+    for fmt in ["1", "2"] {
+        let patch = tmp.path().join(format!("v{fmt}.blzdiff"));
+        patch_py(&base, &target, &patch, &[fmt]);
+        if fmt == "2" {
+            let mut e = encodings(&patch);
+            e.sort();
+            e.dedup();
+            assert_eq!(e, [0, 1, 2, 3, 5], "every open BLXD encoding");
+        }
+        let out = tmp.path().join(format!("out{fmt}.blz"));
+        let a = ckptfs(&[
+            "apply",
+            base.to_str().unwrap(),
+            patch.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(a.status.success(), "v{fmt}: {}", text(&a));
+        same_export(tmp.path(), &out, &target);
+        let v = ckptfs(&["verify", out.to_str().unwrap()]);
+        assert!(v.status.success(), "{}", text(&v));
+    }
+}
+
+#[test]
+fn diff_then_apply_round_trips_with_open_encodings_and_a_summary() {
+    let (tmp, base, target) = patch_pair();
+    let patch = tmp.path().join("p.blzdiff");
+    let d = ckptfs(&[
+        "diff",
+        base.to_str().unwrap(),
+        target.to_str().unwrap(),
+        "-o",
+        patch.to_str().unwrap(),
+    ]);
+    assert!(d.status.success(), "{}", text(&d));
+    let s = String::from_utf8_lossy(&d.stderr);
+    assert!(
+        s.contains("unchanged, 4 modified, 1 added, 1 removed")
+            && s.contains("% of the full model"),
+        "{s}"
+    );
+    assert_eq!(&fs::read(&patch).unwrap()[..12], b"BZXPTCH\n\x02\0\0\0");
+    assert!(encodings(&patch).iter().all(|&e| e != 4), "no SplitStream");
+    let out = tmp.path().join("out.blz");
+    let a = ckptfs(&[
+        "apply",
+        base.to_str().unwrap(),
+        patch.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(a.status.success(), "{}", text(&a));
+    same_export(tmp.path(), &out, &target);
+}
+
+#[test]
+fn a_split_stream_blob_or_a_wrong_xxh3_new_fails_in_one_line_and_writes_nothing() {
+    let (tmp, base, target) = patch_pair();
+    for (args, needle) in [
+        (["2", "model.layers.0.w", "-"], "closed codec"),
+        (["2", "-", "model.pos_ids"], "xxh3_new"),
+        (["1", "-", "added.t"], "xxh3_new"),
+    ] {
+        let patch = tmp.path().join("bad.blzdiff");
+        patch_py(&base, &target, &patch, &args);
+        let out = tmp.path().join("never.blz");
+        let a = ckptfs(&[
+            "apply",
+            base.to_str().unwrap(),
+            patch.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(a.status.code(), Some(1), "{args:?}: {}", text(&a));
+        let e = String::from_utf8_lossy(&a.stderr);
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        let name = if args[1] != "-" { args[1] } else { args[2] };
+        assert!(
+            e.contains(&format!("{name:?}")) && e.contains(needle),
+            "{e}"
+        );
+        assert!(!out.exists(), "{args:?}: output written");
+        let left: Vec<String> = files_under(tmp.path())
+            .into_iter()
+            .filter(|f| f.contains("never"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

@@ -11,6 +11,12 @@ Usage:
       tensors of every *.safetensors in MODEL_DIR (files in sorted name
       order, tensors in sorted name order within a file), config.json as
       model_config, tokenizer.json verbatim, the sidecars blazex embeds.
+  blazex_tool.py patch BASE.blz TARGET.blz OUT.blzdiff FORMAT [SPLIT_NAME [BAD_NAME]]
+      a .blzdiff of file format FORMAT (1: raw blobs; 2: BLXD blobs, the
+      encodings taken in turn over the modified tensors so that every open
+      one appears: Raw, SparseByte, SparseU16 (2-byte dtypes), FullXor;
+      added tensors ZstdOnly). SPLIT_NAME: that tensor's blob is tagged
+      SplitStream (4); BAD_NAME: its xxh3_new is off by one ("-" for none).
   blazex_tool.py export ARCHIVE OUT_DIR
       checks magic, version, every tensor's xxh3 and the data SHA-256, then
       writes what `blazex export --to safetensors` writes. Exits 1 with one
@@ -19,6 +25,7 @@ Usage:
 import base64, hashlib, json, os, struct, sys
 
 import xxhash
+import zstandard
 
 MAGIC = b"BLAZXPK\n"
 DTYPES = {"F32": ("f32", 4), "F16": ("f16", 2), "BF16": ("bf16", 2), "I8": ("i8", 1),
@@ -145,6 +152,91 @@ def export(archive, out):
     print(f"{len(blobs)} tensors, {at} bytes, all xxh3 and the data SHA-256 match")
 
 
+def read_archive(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    assert buf[:8] == MAGIC
+    _, hlen = struct.unpack_from("<IQ", buf, 8)
+    header = json.loads(buf[20:20 + hlen])
+    data = buf[20 + hlen:]
+    return header, {t["name"]: (t, data[t["data_offset"]:t["data_offset"] + t["data_len"]])
+                    for t in header["tensors"]}
+
+
+def blxd(code, payload):
+    return b"BLXD" + bytes([code]) + payload
+
+
+def z(b):
+    return zstandard.ZstdCompressor(level=9).compress(b)
+
+
+def sparse(base, target, w, tag):
+    n = len(base) // w
+    bitmap = bytearray((n + 7) // 8)
+    vals = bytearray()
+    changed = 0
+    for i in range(n):
+        a, b = base[i * w:i * w + w], target[i * w:i * w + w]
+        if a != b:
+            bitmap[i // 8] |= 1 << (i % 8)
+            vals += bytes(x ^ y for x, y in zip(a, b))
+            changed += 1
+    return z(bytes([tag]) + struct.pack("<II", n, changed) + bytes(bitmap) + bytes(vals))
+
+
+def patch(base_path, target_path, out, fmt, split=None, bad=None):
+    fmt = int(fmt)
+    _, base = read_archive(base_path)
+    theader, target = read_archive(target_path)
+    entries, blobs, at, turn = [], [], 0, 0
+    for t in theader["tensors"]:
+        name, new = t["name"], target[t["name"]][1]
+        old = base.get(name)
+        if old is not None and old[0]["xxh3"] == t["xxh3"]:
+            entries.append({"name": name, "op": "Unchanged", "blob_offset": 0, "blob_len": 0,
+                            "xxh3_new": t["xxh3"]})
+            continue
+        op = "Modified" if old is not None else "Added"
+        if fmt == 1:
+            blob = new
+        elif op == "Added":
+            blob = blxd(5, z(new))
+        else:
+            b = old[1]
+            choices = ["raw", "sparse_byte", "full_xor"]
+            if len(b) % 2 == 0:
+                choices.append("sparse_u16")
+            kind = choices[turn % len(choices)]
+            turn += 1
+            if kind == "raw":
+                blob = blxd(0, new)
+            elif kind == "sparse_byte":
+                blob = blxd(1, sparse(b, new, 1, 0x42))
+            elif kind == "sparse_u16":
+                blob = blxd(2, sparse(b, new, 2, 0x46))
+            else:
+                blob = blxd(3, z(bytes(x ^ y for x, y in zip(b, new))))
+            if name == split:
+                blob = blxd(4, blob[5:])
+        xxh = t["xxh3"] + (1 if name == bad else 0)
+        entries.append({"name": name, "op": op, "blob_offset": at, "blob_len": len(blob),
+                        "xxh3_new": xxh % (1 << 64)})
+        blobs.append(blob)
+        at += len(blob)
+    for name in base:
+        if name not in target:
+            entries.append({"name": name, "op": "Removed", "blob_offset": 0, "blob_len": 0,
+                            "xxh3_new": 0})
+    manifest = {"version": 2, "created_at": "1700000000", "target_header": theader,
+                "entries": entries}
+    m = json.dumps(manifest, indent=2, ensure_ascii=False).encode()
+    with open(out, "wb") as f:
+        f.write(b"BZXPTCH\n" + struct.pack("<IQ", fmt, len(m)) + m + b"".join(blobs))
+
+
 if __name__ == "__main__":
-    cmd, a, b = sys.argv[1:4]
-    {"pack": pack, "export": export}[cmd](a, b)
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "patch":
+        args = [None if a == "-" else a for a in args]
+    {"pack": pack, "export": export, "patch": patch}[cmd](*args)

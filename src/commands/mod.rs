@@ -7,6 +7,7 @@ mod daemon_state;
 mod info;
 mod mount;
 mod pack;
+mod patch;
 mod seal;
 mod unpack;
 mod verify;
@@ -47,6 +48,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Seal(a) => seal::run(g, a),
         Command::List(a) => blz::list(g, a),
         Command::Extract(a) => blz::extract(g, a),
+        Command::Diff(a) => patch::diff(g, a),
+        Command::Apply(a) => patch::apply(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
     }

@@ -10,6 +10,8 @@
 //!   header, blobs), tensors deduplicated across shards. [`pack_dir`].
 //! - [`blazex`]: a model directory in, one BLAZE-X `.blz` out (the
 //!   `blazex` tool's uncompressed layout). [`pack_blazex`].
+//! - [`blzdiff`]: BLAZE-X `.blzdiff` patches, written (`diff`) and
+//!   applied (`apply`).
 //! - [`seal`]: a z4ai-written `.zstn` in, the same file with ckptfs's CKX1
 //!   checksum block added out (frames untouched). [`seal_file`].
 //!
@@ -22,6 +24,7 @@
 
 pub mod blazex;
 pub mod blz;
+pub mod blzdiff;
 pub mod seal;
 pub mod tensor;
 pub mod zstn;
