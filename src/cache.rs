@@ -9,9 +9,13 @@
 //! purged eagerly; they simply stop being asked for and age out of the LRU.
 //!
 //! **Bound.** The LRU counts the decoded bytes of the blocks it holds and
-//! evicts least-recently-used blocks until it is back under the budget. A
-//! block larger than the whole budget is returned to its caller but not
-//! kept. Blocks are `Arc`s, so an evicted block stays alive only while a
+//! evicts least-recently-used blocks until it is back under the budget.
+//! A block larger than half the budget (z4ai writes whole tensors as one
+//! block) would flush the LRU for a single entry, and not caching it would
+//! decode it again for every kernel request in it: such a block is kept
+//! alone in a side slot instead, the most recent one only. The resident
+//! total is therefore bounded by the budget plus one large block (at most
+//! `format::frame::MAX_BLOCK_BYTES`). Blocks are `Arc`s, so an evicted block stays alive only while a
 //! reader still copies out of it; the resident total is therefore the
 //! budget plus the blocks in flight (a few per reader thread).
 //!
@@ -73,9 +77,23 @@ struct Flight<E> {
 struct Inner<E> {
     lru: LruCache<CacheKey, Block>,
     bytes: u64,
+    /// The most recent block larger than half the budget.
+    large: Option<(CacheKey, Block)>,
     flights: HashMap<CacheKey, Arc<Flight<E>>>,
     hits: u64,
     misses: u64,
+}
+
+impl<E> Inner<E> {
+    fn large_is(&self, key: &CacheKey) -> bool {
+        self.large.as_ref().is_some_and(|(k, _)| k == key)
+    }
+    fn large_get(&self, key: &CacheKey) -> Option<Block> {
+        self.large
+            .as_ref()
+            .filter(|(k, _)| k == key)
+            .map(|(_, b)| b.clone())
+    }
 }
 
 /// Counters for logs and tests.
@@ -143,6 +161,7 @@ impl<E> BlockCache<E> {
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 bytes: 0,
+                large: None,
                 flights: HashMap::new(),
                 hits: 0,
                 misses: 0,
@@ -168,17 +187,19 @@ impl<E> BlockCache<E> {
     /// True when the block is cached or being loaded (prefetch skips it).
     pub fn contains_or_loading(&self, key: &CacheKey) -> bool {
         let i = self.inner.lock();
-        i.lru.contains(key) || i.flights.contains_key(key)
+        i.lru.contains(key) || i.flights.contains_key(key) || i.large_is(key)
     }
 
     /// The cached block without touching recency.
     pub fn peek(&self, key: &CacheKey) -> Option<Block> {
-        self.inner.lock().lru.peek(key).cloned()
+        let i = self.inner.lock();
+        i.lru.peek(key).cloned().or_else(|| i.large_get(key))
     }
 
     fn insert_locked(&self, inner: &mut Inner<E>, key: CacheKey, block: Block) {
         let len = block.len() as u64;
-        if len > self.budget {
+        if len > self.budget / 2 {
+            inner.large = Some((key, block));
             return;
         }
         if let Some(old) = inner.lru.put(key, block) {
@@ -203,7 +224,8 @@ impl<E> BlockCache<E> {
     {
         let flight = {
             let mut inner = self.inner.lock();
-            if inner.lru.contains(&key) || inner.flights.contains_key(&key) {
+            if inner.lru.contains(&key) || inner.flights.contains_key(&key) || inner.large_is(&key)
+            {
                 return None;
             }
             let f = Arc::new(Flight {
@@ -235,8 +257,12 @@ impl<E> BlockCache<E> {
     {
         let flight = {
             let mut inner = self.inner.lock();
-            if let Some(b) = inner.lru.get(&key) {
-                let b = b.clone();
+            if let Some(b) = inner
+                .lru
+                .get(&key)
+                .cloned()
+                .or_else(|| inner.large_get(&key))
+            {
                 inner.hits += 1;
                 return Ok(b);
             }
@@ -320,11 +346,30 @@ mod tests {
         assert!(c.peek(&key(1, 0)).is_some());
         assert!(c.peek(&key(1, 1)).is_none());
         assert_eq!(c.stats().bytes, 300);
-        // A block bigger than the budget is served but not kept.
-        let big = c.get_or_load(key(1, 9), || Ok(vec![0; 301])).unwrap();
-        assert_eq!(big.len(), 301);
+    }
+
+    #[test]
+    fn a_block_over_half_the_budget_is_decoded_once_and_kept_alone() {
+        let c: BlockCache<String> = BlockCache::new(300);
+        for b in 0..2 {
+            c.get_or_load(key(1, b), || Ok(vec![0; 100])).unwrap();
+        }
+        // Larger than the whole budget: kept in the side slot, and the
+        // LRU's blocks stay.
+        let big = c.get_or_load(key(1, 9), || Ok(vec![0; 1000])).unwrap();
+        assert_eq!(big.len(), 1000);
+        for _ in 0..3 {
+            let again = c.get_or_load(key(1, 9), || unreachable!()).unwrap();
+            assert!(Arc::ptr_eq(&big, &again));
+        }
+        assert!(c.contains_or_loading(&key(1, 9)));
+        assert!(c.peek(&key(1, 0)).is_some() && c.peek(&key(1, 1)).is_some());
+        assert_eq!(c.stats().bytes, 200);
+        // Only the most recent large block is kept.
+        c.get_or_load(key(1, 10), || Ok(vec![0; 200])).unwrap();
         assert!(c.peek(&key(1, 9)).is_none());
-        assert!(c.stats().bytes <= 300);
+        assert!(c.peek(&key(1, 10)).is_some());
+        assert_eq!(c.stats().bytes, 200);
     }
 
     #[test]

@@ -187,7 +187,7 @@ pub struct MountArgs {
     /// Stay attached to the terminal (for systemd and debugging).
     #[arg(short, long)]
     pub foreground: bool,
-    /// Memory for decoded blocks, e.g. 2G or 512M (default: 1/8 of RAM, 256M..4G).
+    /// Memory for decoded blocks, e.g. 2G or 512M (default: 256M).
     #[arg(long, value_name = "SIZE")]
     pub cache_size: Option<String>,
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).

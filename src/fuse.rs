@@ -499,7 +499,7 @@ impl Filesystem for CheckpointFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(fh.0, offset, size) {
+        match self.fs.read_data(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
         }

@@ -23,6 +23,20 @@ impl Backing {
         Ok(Backing::Map(unsafe { Mmap::map(file) }?))
     }
 
+    /// Asks the kernel to start reading bytes `range` of the file in the
+    /// background, so that a decode about to touch them does not wait for
+    /// the disk page by page. Only a hint: out-of-range parts are ignored,
+    /// and so is any error.
+    pub fn will_need(&self, range: std::ops::Range<u64>) {
+        if let Backing::Map(m) = self {
+            let end = range.end.min(m.len() as u64);
+            if range.start < end {
+                let len = (end - range.start) as usize;
+                let _ = m.advise_range(memmap2::Advice::WillNeed, range.start as usize, len);
+            }
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match self {
             Backing::Map(m) => m,

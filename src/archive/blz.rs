@@ -505,6 +505,14 @@ impl ArchiveView for BlzArchive {
     }
 
     /// Decodes one block of a blob, checking its digests.
+    fn will_need(&self, unit: u32) {
+        if (unit as usize) < self.units.len() {
+            let b = self.blob(unit);
+            let s = self.parsed.data_start + b.offset;
+            self.map.will_need(s..s + b.length);
+        }
+    }
+
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
         if key.unit as usize >= self.units.len() {
             return Err(self.integrity(format!("no blob {}", key.unit)));

@@ -204,6 +204,10 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
     fn grid(&self, unit: u32) -> Result<Arc<Grid>>;
     /// Decodes one block, checking its integrity.
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>>;
+    /// Hints that the blocks of `unit` will be decoded soon (the mount's
+    /// prefetch): an archive on a file starts reading the unit's stored
+    /// bytes from disk in the background. No effect by default.
+    fn will_need(&self, _unit: u32) {}
     /// Checks that must pass before bytes `range` of file `file` are
     /// served (an archive whose index cannot be trusted checks whole
     /// segments against their own digests). Cheap once passed.

@@ -453,6 +453,12 @@ impl ArchiveView for ZstnArchive {
     /// Decodes one block: the unit bytes `grid.span(block)`. With a
     /// checksum block, the compressed bytes are checked before decoding and
     /// the decoded bytes after.
+    fn will_need(&self, unit: u32) {
+        if (unit as usize) < self.units.len() {
+            self.map.will_need(self.unit_frame(unit));
+        }
+    }
+
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
         let b = block_index(self, key, &*self.grid(key.unit)?)?;
         let unit = key.unit as usize;

@@ -17,6 +17,12 @@
 //! random access (O_DIRECT 64 KiB probes, safetensors' `get_slice`) never
 //! decodes blocks nobody asked for.
 //!
+//! A read that is not sequential but covers the first byte of a tensor
+//! starts a stream of its own ([`Sequential::start_unit`]): loaders read
+//! tensors whole, in whatever order they want them (safetensors' key order,
+//! a framework's parameter order), so the tensor's first window is decoded
+//! in parallel at once instead of one block per kernel request.
+//!
 //! This module only decides *what* to prefetch; `CheckpointFs` turns the
 //! byte range into blocks and decodes them in parallel on the rayon pool
 //! into the shared `BlockCache`.
@@ -84,6 +90,24 @@ impl Sequential {
         Some(r)
     }
 
+    /// A read that was not sequential but covers the first byte of a
+    /// tensor (`unit_start`): a reader of model files reads a tensor whole,
+    /// so a stream starts there. Returns the range to prefetch: from the end
+    /// of this read to one initial window past the tensor's start.
+    pub fn start_unit(
+        &mut self,
+        read_end: u64,
+        unit_start: u64,
+        file_len: u64,
+        p: &Policy,
+    ) -> Option<Range<u64>> {
+        self.window = p.initial;
+        self.next = read_end;
+        let target = unit_start.saturating_add(p.initial).min(file_len);
+        self.ahead_to = target.max(read_end);
+        (read_end < target).then_some(read_end..target)
+    }
+
     pub fn window(&self) -> u64 {
         self.window
     }
@@ -141,6 +165,18 @@ mod tests {
         s.on_read(2 * MIB, MIB, 100 * MIB, &p);
         s.on_read(MIB, MIB, 100 * MIB, &p);
         assert!(s.window() >= 16 * MIB);
+    }
+
+    #[test]
+    fn a_jump_to_a_tensor_start_starts_a_stream() {
+        let p = policy();
+        let mut s = Sequential::default();
+        assert!(s.on_read(500 * MIB, 65536, 1000 * MIB, &p).is_none());
+        let r = s.start_unit(700 * MIB + 65536, 700 * MIB, 1000 * MIB, &p);
+        assert_eq!(r, Some(700 * MIB + 65536..704 * MIB));
+        // The reads that follow are sequential and keep the stream going.
+        let next = s.on_read(700 * MIB + 65536, MIB, 1000 * MIB, &p);
+        assert_eq!(next.map(|r| r.start), Some(704 * MIB));
     }
 
     #[test]

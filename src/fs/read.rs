@@ -23,8 +23,42 @@ use crate::archive::{self, BlockKey, PieceSource};
 use crate::cache::{CacheKey, FetchError};
 use parking_lot::Mutex;
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
+
+/// The first tensor start (segment start) inside `range` of file `file`.
+fn unit_start_in(a: &dyn archive::ArchiveView, file: usize, range: Range<u64>) -> Option<u64> {
+    let segs = a.segments(file);
+    let k = segs.partition_point(|s| s.start < range.start);
+    segs.get(k).map(|s| s.start).filter(|&s| s < range.end)
+}
+
+/// The bytes of one read: owned, or a range of a decoded block shared with
+/// the cache (no copy).
+pub enum ReadData {
+    Owned(Vec<u8>),
+    Shared(Arc<Vec<u8>>, Range<usize>),
+}
+
+impl ReadData {
+    pub fn into_vec(self) -> Vec<u8> {
+        match self {
+            ReadData::Owned(v) => v,
+            ReadData::Shared(b, r) => b[r].to_vec(),
+        }
+    }
+}
+
+impl std::ops::Deref for ReadData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadData::Owned(v) => v,
+            ReadData::Shared(b, r) => &b[r.clone()],
+        }
+    }
+}
 
 impl CheckpointFs {
     /// Opens a file. `flags` are the open(2) flags; opening for writing
@@ -128,6 +162,12 @@ impl CheckpointFs {
 
     /// Reads up to `size` bytes at `offset` (short only at end of file).
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.read_data(fh, offset, size).map(ReadData::into_vec)
+    }
+
+    /// [`Self::read`] without copying when the range lies in one decoded
+    /// block: the reply is then a slice of the cached block itself.
+    pub fn read_data(&self, fh: u64, offset: u64, size: u32) -> Result<ReadData> {
         let h = self.handle(fh)?;
         match &*h {
             Handle::Plain(PlainHandle { file, .. }) => {
@@ -142,26 +182,32 @@ impl CheckpointFs {
                     }
                 }
                 buf.truncate(n);
-                Ok(buf)
+                Ok(ReadData::Owned(buf))
             }
             Handle::Archive(a) => self.read_archive(a, offset, size),
             Handle::Dir(_) => Err(FsError::IsADirectory),
         }
     }
 
-    fn read_archive(&self, h: &ArchiveHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+    fn read_archive(&self, h: &ArchiveHandle, offset: u64, size: u32) -> Result<ReadData> {
         let Served { archive, file } = &h.archive;
         let len = archive.logical_len(*file);
         if offset >= len {
-            return Ok(Vec::new());
+            return Ok(ReadData::Owned(Vec::new()));
         }
         let n = (size as u64).min(len - offset);
-        let ahead = h.seq.lock().on_read(offset, n, len, &self.policy);
+        let ahead = {
+            let mut seq = h.seq.lock();
+            match seq.on_read(offset, n, len, &self.policy) {
+                None if seq.window() == 0 => unit_start_in(&**archive, *file, offset..offset + n)
+                    .and_then(|start| seq.start_unit(offset + n, start, len, &self.policy)),
+                r => r,
+            }
+        };
         if let Some(range) = ahead {
             self.prefetch(h, range);
         }
-        let mut buf = vec![0u8; n as usize];
-        let mut fetch = |k: BlockKey| -> Result<Arc<Vec<u8>>> {
+        let fetch = |k: BlockKey| -> Result<Arc<Vec<u8>>> {
             let key = CacheKey {
                 generation: h.generation,
                 block: k,
@@ -173,16 +219,41 @@ impl CheckpointFs {
                     FetchError::Panicked => FsError::DecodePanicked,
                 })
         };
-        match archive::read_with(&**archive, *file, offset, &mut buf, &mut fetch) {
-            Ok(k) => {
-                buf.truncate(k);
-                Ok(buf)
-            }
-            Err(err) => {
-                log::error!("read at {offset}+{n}: {err}");
-                Err(err)
-            }
+        let range = offset..offset + n;
+        let result = archive
+            .check_range(*file, range.clone())
+            .and_then(|()| archive::plan(&**archive, *file, range))
+            .map_err(FsError::from)
+            .and_then(|pieces| match pieces.as_slice() {
+                // The common case: the read lies inside one block.
+                [p] => match p.source {
+                    PieceSource::Block(k) => Ok(ReadData::Shared(
+                        fetch(k)?,
+                        p.within.start as usize..p.within.end as usize,
+                    )),
+                    PieceSource::Prefix => Ok(ReadData::Owned(
+                        archive.prefix(*file)?[p.within.start as usize..p.within.end as usize]
+                            .to_vec(),
+                    )),
+                },
+                pieces => {
+                    let mut buf = Vec::with_capacity(n as usize);
+                    for p in pieces {
+                        let within = p.within.start as usize..p.within.end as usize;
+                        match p.source {
+                            PieceSource::Prefix => {
+                                buf.extend_from_slice(&archive.prefix(*file)?[within])
+                            }
+                            PieceSource::Block(k) => buf.extend_from_slice(&fetch(k)?[within]),
+                        }
+                    }
+                    Ok(ReadData::Owned(buf))
+                }
+            });
+        if let Err(err) = &result {
+            log::error!("read at {offset}+{n}: {err}");
         }
+        result
     }
 
     /// Decodes the blocks of `range` into the cache on the rayon pool.
@@ -194,13 +265,18 @@ impl CheckpointFs {
                 return;
             }
         };
-        let mut last = None;
+        let mut last: Option<BlockKey> = None;
         for p in pieces {
             let PieceSource::Block(k) = p.source else {
                 continue;
             };
             if last == Some(k) {
                 continue;
+            }
+            if last.is_none_or(|l| l.unit != k.unit) {
+                // Start reading the unit's stored bytes now, so that the
+                // decodes below do not wait for the disk page by page.
+                h.archive.archive.will_need(k.unit);
             }
             last = Some(k);
             let key = CacheKey {

