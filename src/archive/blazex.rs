@@ -198,12 +198,8 @@ impl BlazexArchive {
         };
         let r = u.checked.get_or_init(|| {
             let bytes = self.raw_tensor(unit as usize);
-            if let Backing::Map(m) = &self.map {
-                let te = &self.tensors()[unit as usize];
-                let s = (self.parsed.data_start + te.data_offset) as usize;
-                // Only a hint: the hash below reads the pages either way.
-                let _ = m.advise_range(memmap2::Advice::WillNeed, s, te.data_len as usize);
-            }
+            // Only a hint: the hash below reads the pages either way.
+            self.will_need(unit);
             if xxh3_64(bytes) == self.tensors()[unit as usize].xxh3 {
                 Ok(())
             } else {
@@ -314,6 +310,13 @@ impl ArchiveView for BlazexArchive {
             bounds.push(len);
             Ok(Arc::new(Grid::plain(bounds)))
         })
+    }
+
+    fn will_need(&self, unit: u32) {
+        if let Some(te) = self.tensors().get(unit as usize) {
+            let s = self.parsed.data_start + te.data_offset;
+            self.map.will_need(s..s + te.data_len);
+        }
     }
 
     /// A copy of one block of a tensor, after the whole tensor checked
