@@ -35,7 +35,7 @@ pub enum Command {
     List(ListArgs),
     /// Write chosen tensors of a .blz archive as raw .bin files or one .safetensors, decoding only those.
     Extract(ExtractArgs),
-    /// Write a .blzdiff patch (BLAZE-X file format 2, open encodings) that turns BASE into TARGET, both BLAZE-X .blz archives.
+    /// Write a .blzdiff patch (BLAZE-X file format 2, open encodings) that turns BASE into TARGET (each a BLAZE-X .blz, a ckptfs .blz or a model directory).
     Diff(DiffArgs),
     /// Apply a BLAZE-X .blzdiff patch (file format 1 or 2) to BASE, writing the TARGET .blz; every tensor is checked against the patch's xxh3 before anything is written.
     Apply(ApplyArgs),
@@ -71,9 +71,9 @@ pub struct InfoArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct DiffArgs {
-    /// The base BLAZE-X .blz.
+    /// The base: a BLAZE-X .blz, a ckptfs .blz or a model directory.
     pub base: PathBuf,
-    /// The target BLAZE-X .blz.
+    /// The target: a BLAZE-X .blz, a ckptfs .blz or a model directory.
     pub target: PathBuf,
     /// The patch to write.
     #[arg(short, long)]
@@ -85,7 +85,7 @@ pub struct DiffArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
-    /// The base BLAZE-X .blz.
+    /// The base: a BLAZE-X .blz, a ckptfs .blz or a model directory.
     pub base: PathBuf,
     /// The .blzdiff patch.
     pub patch: PathBuf,

@@ -670,3 +670,37 @@ fn a_split_stream_blob_or_a_wrong_xxh3_new_fails_in_one_line_and_writes_nothing(
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+#[test]
+fn diff_and_apply_take_model_directories_and_ckptfs_archives_too() {
+    let (tmp, base, target) = patch_pair();
+    // The two sides as the directories they came from.
+    let (bdir, tdir) = (tmp.path().join("base"), tmp.path().join("target"));
+    let patch = tmp.path().join("dirs.blzdiff");
+    let d = ckptfs(&[
+        "diff",
+        bdir.to_str().unwrap(),
+        tdir.to_str().unwrap(),
+        "-o",
+        patch.to_str().unwrap(),
+    ]);
+    assert!(d.status.success(), "{}", text(&d));
+    // Applied to the base as a ckptfs .blz.
+    let cblz = tmp.path().join("base.ckptfs.blz");
+    common::pack(&bdir, &cblz);
+    let out = tmp.path().join("out.blz");
+    let a = ckptfs(&[
+        "apply",
+        cblz.to_str().unwrap(),
+        patch.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(a.status.success(), "{}", text(&a));
+    same_export(tmp.path(), &out, &target);
+    // No scratch directory is left beside the output.
+    assert!(files_under(tmp.path())
+        .iter()
+        .all(|f| !f.starts_with(".ckptfs-patch-")));
+    let _ = base;
+}
