@@ -124,9 +124,19 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
         renames.load(Ordering::Relaxed),
     );
     println!(
-        "rename-over: {o} opens by 3 readers, {r} renames in {:.1} s: {n} ENOENT, {x} other errors",
+        "rename-over: {o} opens by 3 readers, {r} renames in {:.1} s: {n} ENOENT, {x} other errors {errors:?}",
         t0.elapsed().as_secs_f64()
     );
+    if x != 0 {
+        for l in m
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .take(10)
+        {
+            println!("daemon: {l}");
+        }
+    }
     // rename(2) promises old or new, never "no such file": ENOENT must be
     // 0. A few ESTALE/EIO per 100,000 opens remain when a second rename
     // lands during the kernel's single lookup retry (a known gap, stated

@@ -305,7 +305,11 @@ fn foreground(
     if let Some(l) = level {
         b.parse_filters(&l);
     }
-    let _ = b.try_init();
+    let inner = b.build();
+    let max = inner.filter();
+    if log::set_boxed_logger(Box::new(QuietGoneRequests(inner))).is_ok() {
+        log::set_max_level(max);
+    }
     // Decoded blocks are ~1 MiB and are allocated and freed constantly.
     // Served by mmap, each one cost an mmap, 256 page faults with zeroing
     // and a munmap (45% of the daemon's time in a cold read was kernel page
@@ -367,11 +371,13 @@ fn foreground(
     // Registered before mounting, so a signal that arrives while the mount
     // comes up still unmounts it.
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
-    let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
-        .with_context(|| format!("{}: cannot mount", mountpoint.display()))?;
-    // Removed when this function returns: after the last compression.
+    // Written before the mount appears (`ckptfs mount` returns as soon as
+    // it does, and `ckptfs umount` looks for the pid); removed when this
+    // function returns: after the last compression.
     let _pid_file = PidFile::create(&mountpoint)
         .with_context(|| format!("{}: pid file", mountpoint.display()))?;
+    let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
+        .with_context(|| format!("{}: cannot mount", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
     let mp = mountpoint.clone();
     std::thread::spawn(move || raise_read_ahead(&mp, 16 << 10));
@@ -405,6 +411,7 @@ fn foreground(
     let _ = writeback.join();
     // Files closed just before the unmount: compress them now rather than
     // at the next mount (they are durable in the spool either way).
+    fs.release_all();
     if fs.staged_count() > 0 {
         log::info!(
             "compressing {} staged file(s) before exiting",
@@ -416,6 +423,28 @@ fn foreground(
     log::info!("unmounted {}", mountpoint.display());
     let _ = std::io::stderr().flush();
     Ok(ExitCode::SUCCESS)
+}
+
+/// The daemon's logger: env_logger, without fuser's error for a reply to a
+/// request the kernel no longer has (ENOENT from /dev/fuse: the request was
+/// interrupted, or the connection ended during an unmount). Nothing was
+/// lost: whoever asked is gone. Every other reply failure is still logged.
+struct QuietGoneRequests(env_logger::Logger);
+
+impl log::Log for QuietGoneRequests {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        self.0.enabled(m)
+    }
+    fn log(&self, r: &log::Record) {
+        let gone = r.target() == "fuser::reply"
+            && r.args().to_string().contains("No such file or directory");
+        if !gone {
+            self.0.log(r);
+        }
+    }
+    fn flush(&self) {
+        self.0.flush();
+    }
 }
 
 /// Unmounts, then waits until the daemon has finished (files closed just

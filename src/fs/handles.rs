@@ -149,6 +149,16 @@ impl CheckpointFs {
             .any(|h| matches!(&**h, Handle::Plain(p) if p.identity == id))
     }
 
+    /// Closes every handle still open: at the end of the session the
+    /// kernel sends no more releases, and a handle left open would keep its
+    /// staged file from being compressed before the daemon exits.
+    pub fn release_all(&self) {
+        let open: Vec<u64> = self.handles.read().keys().copied().collect();
+        for fh in open {
+            self.release(fh);
+        }
+    }
+
     /// Closes a handle. The last writer of a staged file queues it for
     /// compression (the close does not wait for it).
     pub fn release(&self, fh: u64) {

@@ -130,11 +130,24 @@ impl CheckpointFs {
                 Ok(self.plain_handle(ino, file, None, passthrough, flags))
             }
             NodeKind::Archive => {
-                let m = self.store.lstat(&self.rel(&inode)?).map_err(not_found_is)?;
-                if (m.dev(), m.ino()) != inode.identity() {
-                    return Err(FsError::Stale);
-                }
-                let slot = self.archive_slot(&inode, &m)?;
+                let slot = match self.store.lstat(&self.rel(&inode)?).map_err(not_found_is) {
+                    Ok(m) if (m.dev(), m.ino()) == inode.identity() => {
+                        self.archive_slot(&inode, &m)?
+                    }
+                    // Renamed over or removed since the kernel looked the
+                    // name up: the version this inode showed is still
+                    // mapped (ckptfs replaces archives by rename, never in
+                    // place), so serve it. The open raced the rename, and
+                    // the old file is one of the two rename(2) allows;
+                    // answering ESTALE instead sends the kernel to look
+                    // again, and a second rename during that retry used to
+                    // surface as an error.
+                    Ok(_) | Err(FsError::NotFound) => match inode.state().archive.clone() {
+                        Some(s) if s.archive.is_ok() => s,
+                        _ => return Err(FsError::Stale),
+                    },
+                    Err(e) => return Err(e),
+                };
                 let archive = match slot.archive {
                     Ok(a) => a,
                     Err(reason) => {

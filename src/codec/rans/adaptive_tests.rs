@@ -225,7 +225,20 @@ proptest! {
     #[test]
     fn decode_chunks_garbage_matches_scalar(seed in any::<u64>(), k in 1usize..40, n in 0u64..40_000, mode in 0u8..4) {
         let mut r = Rng(seed);
-        let tables: Vec<FreqTable> = (0..k).map(|_| random_table(&mut r)).collect();
+        let tables: Vec<FreqTable> = (0..k)
+            .map(|_| {
+                let t = random_table(&mut r);
+                // Half the cases: coarse tables (the one-gather SIMD path).
+                if seed % 2 == 0 {
+                    let h: [u64; 256] = std::array::from_fn(|i| u64::from(t[i]));
+                    let mut c = crate::codec::rans::normalize_freqs_to(&h, 4096);
+                    c.iter_mut().for_each(|f| *f *= 4);
+                    c
+                } else {
+                    t
+                }
+            })
+            .collect();
         let streams: Vec<Vec<u8>> = (0..k)
             .map(|j| {
                 let cn = {
@@ -282,6 +295,31 @@ proptest! {
             .collect();
         check_decode_chunks(&method4_payload(n as u64, &tables, &streams))?;
     }
+}
+
+#[test]
+fn the_encoder_writes_coarse_tables_where_they_cost_under_a_thousandth() {
+    // Exponent-like data: coarse tables, decoded by the one-gather path.
+    let d = exponent_data(200_000, 9);
+    let p = encode_method4(&d, 16);
+    let ap = AdaptivePayload::parse(&p).unwrap();
+    let t = DecodeTables::new(&ap.freq_tables().unwrap()).unwrap();
+    assert!(t.t.iter().all(DecodeTable::is_coarse));
+    let mut out = vec![0u8; d.len()];
+    decode_method4(&p, &mut out).unwrap();
+    assert_eq!(out, d);
+    // Many rare symbols of uneven counts beside a dominant one lose more
+    // than that at 1/4096 granularity: the fine table is kept.
+    let h: [u64; 256] = std::array::from_fn(|i| {
+        if i == 0 {
+            900_000
+        } else {
+            300 + (i as u64 * 7919) % 200
+        }
+    });
+    let f = super::chunk_freqs(&h);
+    assert!(f.iter().any(|&v| v % 4 != 0));
+    assert_eq!(f.iter().map(|&v| u32::from(v)).sum::<u32>(), PROB_SCALE);
 }
 
 #[test]

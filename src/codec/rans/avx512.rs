@@ -100,6 +100,8 @@ pub(super) fn try_decode_group<const NV: usize>(
         return false;
     };
     let quads = lens.iter().flatten().min().unwrap() / 4;
+    // One gather per symbol when every table of the group is coarse.
+    let packed = tab.iter().all(DecodeTable::is_coarse);
     let streams = &p.body[base..p.starts[js.end]];
     let mut stage = [[[0u32; 16]; NV]; BLOCK];
     let mut q = 0;
@@ -115,18 +117,29 @@ pub(super) fn try_decode_group<const NV: usize>(
             break;
         }
         // SAFETY: `available()` checked the CPU features. Gathers read
+        // (packed) 4 bytes at tab[c].packed[slot / 4], inside tab[c]; or
         // (1) 4 bytes at tab[c].sym[slot], slot < 16384, inside tab[c]
         // (STRIDE >= 16384 + 4, repr(C)), c < g; (2) tab[c].fc[s], s < 256;
         // (3) 4 bytes at streams[pos[c]..], below end[c] <= streams.len()
         // by the bound on b above.
         unsafe {
-            kernel::<NV>(
-                tab.as_ptr().cast(),
-                streams.as_ptr(),
-                &mut st,
-                b,
-                &mut stage,
-            );
+            if packed {
+                kernel::<NV, true>(
+                    tab.as_ptr().cast(),
+                    streams.as_ptr(),
+                    &mut st,
+                    b,
+                    &mut stage,
+                );
+            } else {
+                kernel::<NV, false>(
+                    tab.as_ptr().cast(),
+                    streams.as_ptr(),
+                    &mut st,
+                    b,
+                    &mut stage,
+                );
+            }
         }
         for c in 0..g {
             let (v, i) = (c / 16, c % 16);
@@ -150,6 +163,8 @@ pub(super) fn try_decode_group<const NV: usize>(
 
 /// Decode `rounds` rounds (4 symbols of each of 16 chunks) into
 /// `stage[t][c]` (chunk c's 4 symbols of round t, little-endian).
+/// `PACKED`: every table is coarse, and one gather of `packed[slot / 4]`
+/// gives the symbol, its frequency and the slot's offset in it.
 ///
 /// # Safety
 /// AVX-512F/CD/BW/VBMI available; `tabs` points at consecutive
@@ -158,7 +173,7 @@ pub(super) fn try_decode_group<const NV: usize>(
 /// `streams + pos[c] .. + 8*rounds + 2` is readable; `rounds <= BLOCK`.
 #[target_feature(enable = "avx512f,avx512cd,avx512bw,avx512vbmi")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn kernel<const NV: usize>(
+unsafe fn kernel<const NV: usize, const PACKED: bool>(
     tabs: *const u8,
     streams: *const u8,
     st: &mut State<NV>,
@@ -168,7 +183,12 @@ unsafe fn kernel<const NV: usize>(
     // SAFETY: all loads/stores are of whole arrays of 64 bytes; the
     // gathers stay in bounds per the function's contract.
     unsafe {
-        let fc_tabs = tabs.add(super::PROB_SCALE as usize);
+        let fc_tabs = tabs.add(std::mem::offset_of!(DecodeTable, fc));
+        let packed_tabs = tabs.add(std::mem::offset_of!(DecodeTable, packed));
+        let m3ffc = _mm512_set1_epi32(0x3FFC);
+        let m12 = _mm512_set1_epi32(0xFFF);
+        let one = _mm512_set1_epi32(1);
+        let three = _mm512_set1_epi32(3);
         let symoff: [__m512i; NV] =
             std::array::from_fn(|v| _mm512_loadu_si512(st.symoff[v].as_ptr().cast()));
         let fcoff: [__m512i; NV] = std::array::from_fn(|v| _mm512_srli_epi32::<2>(symoff[v]));
@@ -204,18 +224,45 @@ unsafe fn kernel<const NV: usize>(
             for l in 0..4 {
                 for v in 0..NV {
                     let xv = x[v][l];
-                    let slot = _mm512_and_si512(xv, m14);
-                    let sw =
-                        _mm512_i32gather_epi32::<1>(_mm512_add_epi32(slot, symoff[v]), tabs.cast());
-                    let sy = _mm512_and_si512(sw, m8);
-                    let fc =
-                        _mm512_i32gather_epi32::<4>(_mm512_add_epi32(sy, fcoff[v]), fc_tabs.cast());
-                    let freq = _mm512_and_si512(fc, m16);
-                    let cum = _mm512_srli_epi32::<16>(fc);
-                    let y = _mm512_add_epi32(
-                        _mm512_mullo_epi32(freq, _mm512_srli_epi32::<14>(xv)),
-                        _mm512_sub_epi32(slot, cum),
-                    );
+                    let (sy, y) = if PACKED {
+                        // e = sym | (freq/4 - 1) << 8 | (slot/4 - cum/4) << 20
+                        let e = _mm512_i32gather_epi32::<1>(
+                            _mm512_add_epi32(_mm512_and_si512(xv, m3ffc), symoff[v]),
+                            packed_tabs.cast(),
+                        );
+                        let f4 =
+                            _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32::<8>(e), m12), one);
+                        let bias = _mm512_add_epi32(
+                            _mm512_and_si512(_mm512_srli_epi32::<18>(e), m3ffc),
+                            _mm512_and_si512(xv, three),
+                        );
+                        let y = _mm512_add_epi32(
+                            _mm512_slli_epi32::<2>(_mm512_mullo_epi32(
+                                f4,
+                                _mm512_srli_epi32::<14>(xv),
+                            )),
+                            bias,
+                        );
+                        (_mm512_and_si512(e, m8), y)
+                    } else {
+                        let slot = _mm512_and_si512(xv, m14);
+                        let sw = _mm512_i32gather_epi32::<1>(
+                            _mm512_add_epi32(slot, symoff[v]),
+                            tabs.cast(),
+                        );
+                        let sy = _mm512_and_si512(sw, m8);
+                        let fc = _mm512_i32gather_epi32::<4>(
+                            _mm512_add_epi32(sy, fcoff[v]),
+                            fc_tabs.cast(),
+                        );
+                        let freq = _mm512_and_si512(fc, m16);
+                        let cum = _mm512_srli_epi32::<16>(fc);
+                        let y = _mm512_add_epi32(
+                            _mm512_mullo_epi32(freq, _mm512_srli_epi32::<14>(xv)),
+                            _mm512_sub_epi32(slot, cum),
+                        );
+                        (sy, y)
+                    };
                     // y >= 2^9, so lz <= 22, and 8 * (bytes to read) =
                     // round_up8(lz) - 8, saturating at 0 for lz = 0 (a
                     // garbage state >= 2^31; 16-bit lanes are enough).

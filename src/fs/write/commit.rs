@@ -41,6 +41,15 @@ impl CheckpointFs {
             Ok(p) => p,
             Err(e) => {
                 let _ = std::fs::remove_file(spool.tmp_path(id));
+                if spool.entry(id).is_none_or(|c| c.version != entry.version) {
+                    // Renamed over or removed while it was being read: a
+                    // later version (or nothing) is what the name shows now.
+                    log::debug!(
+                        "{}: superseded while compressing ({e})",
+                        entry.target.display()
+                    );
+                    return;
+                }
                 log::error!(
                     "{}: compression failed, the file stays staged at {} and readable: {e}",
                     entry.target.display(),
@@ -75,6 +84,15 @@ impl CheckpointFs {
             }
             Err(e) => {
                 let _ = std::fs::remove_file(spool.tmp_path(id));
+                if spool.entry(id).is_none_or(|c| c.version != entry.version) {
+                    // Renamed over or removed while it was being read: a
+                    // later version (or nothing) is what the name shows now.
+                    log::debug!(
+                        "{}: superseded while compressing ({e})",
+                        entry.target.display()
+                    );
+                    return;
+                }
                 log::error!(
                     "{}: commit failed, the file stays staged and readable: {e}",
                     current.target.display()
