@@ -185,15 +185,22 @@ def main():
         os.makedirs(os.path.dirname(single), exist_ok=True)
         sh(PY, os.path.join(os.path.dirname(__file__), "make_bench_files.py"), os.path.dirname(single),
            "--only", "llama", "--name", "model.safetensors")
-    # Stores: each model as a directory of .zstn, llama also as one .blz.
+    # Stores: each model as a directory of .zstn, llama also as one .blz,
+    # packed by the binary measured (a store packed by another build is
+    # removed: its encoder may differ).
+    import hashlib
+    tag = hashlib.sha1(open(a.bin, "rb").read()).hexdigest()[:10]
+    for d in os.listdir(work):
+        if d.startswith("store-") and not d.endswith(tag):
+            shutil.rmtree(os.path.join(work, d))
     stores = {}
     for name, src in (("llama-2shard", llama), ("minilm", minilm), ("single", os.path.dirname(single))):
-        st = os.path.join(work, "store-" + name)
+        st = os.path.join(work, f"store-{name}-{tag}")
         if not os.path.isdir(st):
             sh(a.bin, "pack", "-q", "-r", src, "-o", os.path.join(st + ".tmp", name))
             os.rename(st + ".tmp", st)
         stores[name] = st
-    blz_store = os.path.join(work, "store-blz")
+    blz_store = os.path.join(work, f"store-blz-{tag}")
     if not os.path.isdir(blz_store):
         os.makedirs(blz_store + ".tmp", exist_ok=True)
         sh(a.bin, "pack", "-q", llama, "-o", os.path.join(blz_store + ".tmp", "llama-2shard.blz"))

@@ -126,7 +126,13 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                let passthrough = !self.has_cached_opens(ino);
+                // A staged file becomes an archive (served through the page
+                // cache) when it is compressed, under the same inode; the
+                // kernel refuses (EIO) an open whose io mode differs from
+                // opens still in flight on that inode, so staged files are
+                // never passed through.
+                let staged = matches!(inode.kind(), NodeKind::Staged { .. });
+                let passthrough = !staged && !self.has_cached_opens(ino);
                 Ok(self.plain_handle(ino, file, None, passthrough, flags))
             }
             NodeKind::Archive => {
