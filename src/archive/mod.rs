@@ -23,16 +23,19 @@
 //! Adding a kind of archive means adding one module and one arm in
 //! [`open`].
 //!
-//! Kinds: [`zstn`] (z4ai's ZSTN container, ckptfs-written or z4ai-written)
-//! and [`blz`] (ckptfs's model-directory archive). Frame blocks shared by
+//! Kinds: [`zstn`] (z4ai's ZSTN container, ckptfs-written or z4ai-written),
+//! [`blz`] (ckptfs's model-directory archive) and [`blazex`] (the `.blz`
+//! the `blazex` tool writes, presented as `blazex export` would). Frame blocks shared by
 //! both live in [`frame_block`]; the bytes of an archive in [`backing`].
 
 pub mod backing;
+pub mod blazex;
 pub mod blz;
 pub mod frame_block;
 pub mod zstn;
 
 pub use backing::Backing;
+pub use blazex::BlazexArchive;
 pub use blz::BlzArchive;
 pub use frame_block::Grid;
 pub use zstn::ZstnArchive;
@@ -61,6 +64,11 @@ pub enum ArchiveError {
         path: PathBuf,
         source: crate::format::blz::BlzError,
     },
+    #[error("{path}: {source}")]
+    Blazex {
+        path: PathBuf,
+        source: crate::format::blazex::BlazexError,
+    },
     #[error("{path}: tensor {tensor:?}: {source}")]
     Frame {
         path: PathBuf,
@@ -82,6 +90,7 @@ impl ArchiveError {
             ArchiveError::Io { source, .. } => source.to_string(),
             ArchiveError::Container { source, .. } => source.to_string(),
             ArchiveError::Blz { source, .. } => source.to_string(),
+            ArchiveError::Blazex { source, .. } => source.to_string(),
             ArchiveError::Frame { tensor, source, .. } => format!("tensor {tensor:?}: {source}"),
             ArchiveError::Integrity { what, .. } | ArchiveError::Unrecognised { what, .. } => {
                 what.clone()
@@ -130,6 +139,8 @@ pub enum Kind {
     Zstn,
     /// ckptfs's `.blz` model-directory archive.
     Blz,
+    /// BLAZE-X's `.blz` (`"BLAZXPK\n"`), written by the `blazex` tool.
+    Blazex,
 }
 
 impl Kind {
@@ -137,6 +148,8 @@ impl Kind {
     pub fn detect(head: &[u8]) -> Option<Kind> {
         if head.starts_with(crate::format::blz::MAGIC) {
             Some(Kind::Blz)
+        } else if head.starts_with(crate::format::blazex::MAGIC) {
+            Some(Kind::Blazex)
         } else if head.starts_with(b"ZSTN") {
             Some(Kind::Zstn)
         } else {
@@ -149,6 +162,7 @@ impl Kind {
         match self {
             Kind::Zstn => "zstn-v3",
             Kind::Blz => "ckptfs-blz-v1",
+            Kind::Blazex => "blazex-blz-v1",
         }
     }
 }
@@ -336,6 +350,7 @@ fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn Ar
     match Kind::detect(head) {
         Some(Kind::Zstn) => Ok(Arc::new(ZstnArchive::from_backing(backing, path)?)),
         Some(Kind::Blz) => Ok(Arc::new(BlzArchive::from_backing(backing, path)?)),
+        Some(Kind::Blazex) => Ok(Arc::new(BlazexArchive::from_backing(backing, path)?)),
         None if unsupported_kind(head).is_some() => Err(ArchiveError::Unrecognised {
             path: path.to_path_buf(),
             what: format!(
@@ -346,7 +361,7 @@ fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn Ar
         None => Err(ArchiveError::Unrecognised {
             path: path.to_path_buf(),
             what: format!(
-                "not a .blz archive or ZSTN archive (magic {:?})",
+                "not a .blz archive (ckptfs's or BLAZE-X's) or ZSTN archive (magic {:?})",
                 String::from_utf8_lossy(head)
             ),
         }),

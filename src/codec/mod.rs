@@ -14,6 +14,7 @@
 //! (parsers and decoders of the same frame report alike) and re-exported
 //! here; payload headers are read with `format::cursor::Cursor`.
 
+pub mod blxd;
 pub mod frame;
 pub mod plane;
 pub mod rans;

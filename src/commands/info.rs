@@ -289,6 +289,8 @@ fn print_human(i: &FileInfo, per_tensor: bool) {
 
 pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
     let mut infos = Vec::new();
+    // BLAZE-X archives have their own fields.
+    let mut blazex_json = Vec::new();
     let mut failed = false;
     for path in &a.files {
         if super::mount::in_ckptfs_mount(path) {
@@ -304,10 +306,21 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
         }
         let r = match open_input(path) {
             // .blz went above; the container-level details are a .zstn's.
-            Ok(Input::Archive(ar)) => match (&*ar as &dyn std::any::Any).downcast_ref() {
-                Some(z) => archive_info(z).map_err(|e| e.into()),
-                None => Err(anyhow::anyhow!("{}: not a ZSTN archive", path.display())),
-            },
+            Ok(Input::Archive(ar)) => {
+                let any = &*ar as &dyn std::any::Any;
+                if let Some(b) = any.downcast_ref::<crate::archive::BlazexArchive>() {
+                    if a.json {
+                        blazex_json.push(super::blazex::info_json(b));
+                    } else {
+                        super::blazex::print_info(b, !a.summary);
+                    }
+                    continue;
+                }
+                match any.downcast_ref() {
+                    Some(z) => archive_info(z).map_err(|e| e.into()),
+                    None => Err(anyhow::anyhow!("{}: not a ZSTN archive", path.display())),
+                }
+            }
             Ok(Input::Frame(map)) => frame_info(path, &map),
             Err(e) => Err(e),
         };
@@ -320,7 +333,12 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
         }
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&infos)?);
+        let mut all: Vec<serde_json::Value> = infos
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<std::result::Result<_, _>>()?;
+        all.extend(blazex_json);
+        println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for i in &infos {
             print_human(i, !a.summary);

@@ -1,6 +1,7 @@
 //! One module per subcommand. Each returns an exit code or an error whose
 //! one-line message names the file and what is wrong.
 
+mod blazex;
 mod blz;
 mod daemon_state;
 mod export;
@@ -10,6 +11,7 @@ mod info;
 mod list;
 mod mount;
 mod pack;
+mod patch;
 mod seal;
 mod unpack;
 mod verify;
@@ -51,6 +53,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::List(a) => list::run(g, a),
         Command::Extract(a) => extract::run(g, a),
         Command::Export(a) => export::run(g, a),
+        Command::Diff(a) => patch::diff(g, a),
+        Command::Apply(a) => patch::apply(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
         Command::Hold(a) => hold::run(g, a),

@@ -1,7 +1,7 @@
 //! `ckptfs pack`: `.safetensors` to `.zstn`, one file or a whole tree.
 
 use super::{progress, Global, Result};
-use crate::cli::PackArgs;
+use crate::cli::{BlzFormat, PackArgs};
 use crate::fsutil::write_atomic;
 use crate::pack::{pack, PackOptions, PackStats};
 use anyhow::Context as _;
@@ -87,11 +87,20 @@ pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
         if a.recursive {
             anyhow::bail!("-r packs into a store directory; an output ending in .blz is one archive (drop -r)");
         }
+        if a.format == BlzFormat::Blazex {
+            if a.raw {
+                anyhow::bail!("--raw is for ckptfs's .blz (BLAZE-X archives are always raw)");
+            }
+            return super::blazex::pack(g, &a.input, out, a.force).map(|()| ExitCode::SUCCESS);
+        }
         super::blz::pack(g, &a.input, out, a.raw, a.level, a.force)?;
         return Ok(ExitCode::SUCCESS);
     }
     if a.raw {
         anyhow::bail!("--raw applies to .blz archives only (-o NAME.blz)");
+    }
+    if a.format == BlzFormat::Blazex {
+        anyhow::bail!("--format blazex writes a .blz archive (-o NAME.blz)");
     }
     if a.recursive {
         let out = a.output.clone().context("pack -r needs -o STORE_DIR")?;

@@ -6,7 +6,9 @@
 //! here (it adds the `decode*` methods of frames and plane payloads), so
 //! nothing here may depend on `codec`.
 
+pub mod blazex;
 pub mod blz;
+pub mod blzdiff;
 pub mod ckx;
 pub mod cursor;
 pub mod error;

@@ -1,7 +1,9 @@
 //! `.blz` model archives presented as read-only directories.
 //!
 //! `X.blz` is shown as a directory `X` holding the archive's files (exact
-//! sizes, subdirectories). Entries inside are virtual inodes
+//! sizes, subdirectories), whatever the archive's kind: ckptfs's own `.blz`
+//! or BLAZE-X's, told apart by magic in `archive::open`. Nothing here knows
+//! the kind: everything goes through [`ArchiveView`]. Entries inside are virtual inodes
 //! (`NodeKind::BlzDir` / `BlzFile`) that name the `.blz` inode
 //! (`NodeKind::Blz`, whose state holds the parsed archive of the version
 //! last seen, one generation per version) and carry the `.blz` file's

@@ -49,6 +49,9 @@ pub enum BlzPackError {
     Input { path: String, what: String },
     #[error("internal check failed: {0}")]
     Internal(String),
+    /// Reading an input archive (patches read BLAZE-X archives).
+    #[error("{0}")]
+    Archive(#[from] crate::archive::ArchiveError),
 }
 
 enum Content {

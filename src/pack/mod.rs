@@ -8,6 +8,10 @@
 //!   block, index, footer), readable by z4ai. [`pack`].
 //! - [`blz`]: a model directory in, one `.blz` archive out (prelude, JSON
 //!   header, blobs), tensors deduplicated across shards. [`pack_dir`].
+//! - [`blazex`]: a model directory in, one BLAZE-X `.blz` out (the
+//!   `blazex` tool's uncompressed layout). [`pack_blazex`].
+//! - [`blzdiff`]: BLAZE-X `.blzdiff` patches, written (`diff`) and
+//!   applied (`apply`).
 //! - [`seal`]: a z4ai-written `.zstn` in, the same file with ckptfs's CKX1
 //!   checksum block added out (frames untouched). [`seal_file`].
 //!
@@ -18,11 +22,14 @@
 //! tests/golden.rs, `.blz` by tests/blz.rs): a change that moves them must
 //! bump the format version.
 
+pub mod blazex;
 pub mod blz;
+pub mod blzdiff;
 pub mod seal;
 pub mod tensor;
 pub mod zstn;
 
+pub use blazex::{pack_blazex, BlazexPackStats};
 pub use blz::{pack_dir, walk, BlzPackError};
 pub use seal::seal_file;
 pub use zstn::pack;
