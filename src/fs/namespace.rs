@@ -37,11 +37,12 @@ fn kept_stem(name: &OsStr) -> Option<&[u8]> {
         .filter(|stem| !stem.is_empty() && *stem != b"." && *stem != b"..")
 }
 
-/// True when `name` is a `.blz` model archive name (`X.blz`, `X` not empty).
+/// True when `name` is a `.blz` model archive name (`X.blz`, `X` not
+/// empty, `.` or `..`: `..blz` would be presented as the directory `.`).
 pub fn is_blz_name(name: &OsStr) -> bool {
     name.as_bytes()
         .strip_suffix(BLZ_SUFFIX)
-        .is_some_and(|stem| !stem.is_empty())
+        .is_some_and(|stem| !stem.is_empty() && stem != b"." && stem != b"..")
 }
 
 /// The name a backing archive `X.zstn` / `X.safetensors.zstn` / `N.zsame`
@@ -236,6 +237,12 @@ mod tests {
         assert_eq!(presented_name(&os("model.blz")), Some(os("model")));
         assert_eq!(presented_name(&os(".blz")), None);
         assert!(is_blz_name(&os("model.blz")) && !is_blz_name(&os(".blz")));
+        // A stem of `.` or `..` would present the entries `.` and `..`.
+        for n in ["..blz", "...blz"] {
+            assert!(!is_blz_name(&os(n)), "{n}");
+            assert_eq!(presented_name(&os(n)), None, "{n}");
+        }
+        assert_eq!(presented_name(&os("....blz")), Some(os("...")));
     }
 
     #[test]
