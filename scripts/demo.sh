@@ -16,8 +16,8 @@ $B info --summary "$STORE/tiny-llama/model.zstn"
 MNT=$(mktemp -d /tmp/ckptfs-demo.XXXXXX)
 cleanup() { $B umount "$MNT" >/dev/null 2>&1 || true; rmdir "$MNT" 2>/dev/null || true; }
 trap cleanup EXIT
-echo "== ckptfs mount $STORE $MNT"
-$B mount "$STORE" "$MNT"
+echo "== ckptfs mount --read-only $STORE $MNT (the demo only reads: the example store stays as committed)"
+$B mount --read-only "$STORE" "$MNT"
 echo "== ls -l (logical sizes) and du (bytes on disk) through the mount"
 ls -l "$MNT/tiny-llama"
 du -h --apparent-size "$MNT/tiny-llama/model.safetensors" | sed 's/^/apparent: /'
