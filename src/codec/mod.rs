@@ -16,6 +16,8 @@
 
 pub mod blxd;
 pub mod frame;
+#[cfg(target_arch = "x86_64")]
+mod join_avx512;
 pub mod plane;
 pub mod rans;
 pub mod transform;
