@@ -8,17 +8,10 @@
 use std::arch::x86_64::*;
 
 pub(super) fn available() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static HAVE: AtomicU8 = AtomicU8::new(0);
-    match HAVE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let y = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
-            HAVE.store(1 + u8::from(y), Ordering::Relaxed);
-            y
-        }
-    }
+    static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    super::cpu_check(&HAVE, || {
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+    })
 }
 
 /// Lane mask of `k` packed sign bytes (MSB-first: element 0 is bit 7 of
