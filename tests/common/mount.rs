@@ -31,8 +31,8 @@ pub fn spool_entries(store: &Path) -> Vec<String> {
 pub struct Mount {
     pub dir: tempfile::TempDir,
     pub store: PathBuf,
-    /// What `ckptfs mount` is given as STORE (`store`, or a URL).
-    pub arg: PathBuf,
+    /// What `ckptfs mount` is given as STORE instead of `store` (a URL).
+    pub arg: Option<PathBuf>,
     pub mnt: PathBuf,
     pub child: Option<Child>,
     pub log: PathBuf,
@@ -59,10 +59,10 @@ impl Mount {
         fill(&store);
         let mnt = mnt.canonicalize().unwrap();
         let log = dir.path().join("daemon.log");
-        let arg = store_arg.map_or(store.clone(), PathBuf::from);
+        let arg = store_arg.map(PathBuf::from);
         let child = Command::new(bin())
             .arg("mount")
-            .arg(&arg)
+            .arg(arg.as_ref().unwrap_or(&store))
             .arg(&mnt)
             .arg("--foreground")
             .args(extra)
@@ -147,7 +147,7 @@ impl Mount {
         assert!(self.child.is_none(), "unmount first");
         let child = Command::new(bin())
             .arg("mount")
-            .arg(&self.arg)
+            .arg(self.arg.as_ref().unwrap_or(&self.store))
             .arg(&self.mnt)
             .arg("--foreground")
             .args(extra)
