@@ -21,6 +21,7 @@ mod join_avx512;
 pub mod plane;
 pub mod rans;
 pub mod transform;
+pub mod xor_delta;
 pub mod zstd;
 
 pub use crate::format::error::{CodecError, Result};

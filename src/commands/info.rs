@@ -289,12 +289,27 @@ fn print_human(i: &FileInfo, per_tensor: bool) {
 
 pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
     let mut infos = Vec::new();
-    // BLAZE-X archives have their own fields.
+    // BLAZE-X archives and z4ai deltas have their own fields.
     let mut blazex_json = Vec::new();
     let mut failed = false;
     for path in &a.files {
         if super::mount::in_ckptfs_mount(path) {
             print_mounted(path, a.json);
+            continue;
+        }
+        if let Some(kind) = super::z4delta::peek(path) {
+            match super::z4delta::info(path, kind, a.base.as_deref(), a.json) {
+                Ok(v) => blazex_json.push(v),
+                Err(e) => {
+                    eprintln!("ckptfs: {e}");
+                    failed = true;
+                }
+            }
+            continue;
+        }
+        if a.base.is_some() {
+            eprintln!("ckptfs: {}", super::z4delta::base_not_applicable(path));
+            failed = true;
             continue;
         }
         if super::blz::is_blz(path) {

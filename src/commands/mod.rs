@@ -17,6 +17,7 @@ mod s3;
 mod seal;
 mod unpack;
 mod verify;
+mod z4delta;
 
 use crate::cli::{Cli, Command};
 use anyhow::Context as _;
