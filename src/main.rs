@@ -4,6 +4,13 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     ckptfs::tune_allocator();
     let cli = ckptfs::cli::Cli::parse();
+    if !matches!(cli.command, ckptfs::cli::Command::Mount(_)) {
+        // A command whose output is piped into `head` ends quietly when the
+        // reader goes away, as other Unix tools do, instead of panicking in
+        // println! on EPIPE. (The mount daemon keeps SIGPIPE ignored.)
+        // SAFETY: restores a default disposition before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match ckptfs::commands::run(cli) {
         Ok(code) => code,
         Err(e) => {
