@@ -4,17 +4,17 @@
 //!
 //! Tensors are matched by name, dtype and shape. Per target tensor:
 //! - equal to its match: COPY (nothing stored);
-//! - a match that differs: the XOR of both encoded by the per-tensor
-//!   encoder ([`super::tensor::encode_tensor`], so its block grid gives
-//!   random access), and the tensor alone; the smaller is kept (DELTA or
-//!   FULL);
+//! - a match that differs: the XOR of both ([`super::tensor::encode_xor`]:
+//!   byte-plane rANS or opaque zstd, on the per-tensor encoder's block
+//!   grids, so any block decodes alone), and the tensor alone; the smaller
+//!   is kept (DELTA or FULL);
 //! - no match (new, renamed, reshaped, other dtype): FULL.
 //!
 //! Frames are encoded in parallel in windows of about 256 MiB of target
 //! and written as they complete. No I/O beyond `out`; the caller owns the
 //! files and resolves the base.
 
-use super::tensor::{digests, encode_tensor};
+use super::tensor::{digests, encode_tensor, encode_xor};
 use super::{PackError, PackOptions};
 use crate::format::ckx::{BlockDigest, UnitDigests};
 use crate::format::delta::{
@@ -121,7 +121,7 @@ fn encode(
         .map(|(x, y)| x ^ y)
         .collect();
     let (d, f) = rayon::join(
-        || encode_tensor(dtype, &xor, opts),
+        || encode_xor(dtype, &xor, opts),
         || encode_tensor(dtype, raw, opts),
     );
     if d.len() + delta::Z4DL_HEADER < f.len() {
