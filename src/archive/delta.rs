@@ -174,7 +174,7 @@ impl Base {
 
 /// Opens the base `rel` of the archive at `from`. `depth_left`: how many
 /// more deltas may follow in the chain.
-pub fn open_base(fs: &Arc<dyn BaseFs>, from: &Path, rel: &str, depth_left: u32) -> Result<Base> {
+pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Result<Base> {
     let (file, path) = fs.open_base(from, rel).map_err(|source| ArchiveError::Io {
         path: from.parent().unwrap_or(Path::new("")).join(rel),
         source,
@@ -226,7 +226,7 @@ impl DeltaArchive {
     pub fn from_backing(
         map: Backing,
         path: &Path,
-        fs: &Arc<dyn BaseFs>,
+        fs: &dyn BaseFs,
         depth_left: u32,
     ) -> Result<DeltaArchive> {
         let bad = |what: String| ArchiveError::Integrity {

@@ -350,7 +350,7 @@ pub fn open(path: &Path) -> Result<Arc<dyn ArchiveView>> {
 
 /// Opens an archive from an open file (`path` names it in messages).
 pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Arc<dyn ArchiveView>> {
-    from_file_with(file, path, &(Arc::new(LocalFs) as Arc<dyn BaseFs>))
+    from_file_with(file, path, &LocalFs)
 }
 
 /// Opens an archive from an open file; a delta's base is opened through
@@ -358,7 +358,7 @@ pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Arc<dyn ArchiveVie
 pub fn from_file_with(
     file: &std::fs::File,
     path: &Path,
-    fs: &Arc<dyn BaseFs>,
+    fs: &dyn BaseFs,
 ) -> Result<Arc<dyn ArchiveView>> {
     let io = |source| ArchiveError::Io {
         path: path.to_path_buf(),
@@ -379,12 +379,11 @@ pub fn from_file_with(
 /// Opens an archive held in memory (`name` is used in messages).
 pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<Arc<dyn ArchiveView>> {
     let head = bytes[..bytes.len().min(8)].to_vec();
-    let fs: Arc<dyn BaseFs> = Arc::new(LocalFs);
     from_backing_in(
         Backing::Owned(bytes),
         &head,
         name,
-        &fs,
+        &LocalFs,
         crate::format::delta::MAX_CHAIN,
     )
 }
@@ -395,7 +394,7 @@ fn from_backing_in(
     backing: Backing,
     head: &[u8],
     path: &Path,
-    fs: &Arc<dyn BaseFs>,
+    fs: &dyn BaseFs,
     depth_left: u32,
 ) -> Result<Arc<dyn ArchiveView>> {
     match Kind::detect(head) {

@@ -13,7 +13,6 @@ use crate::pack::{pack, PackOptions};
 use anyhow::Context as _;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// `X.safetensors` -> `X.z4dm`; anything else gets `.z4dm` appended.
@@ -256,7 +255,7 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
         }
     }
     deltas.sort();
-    let fs: Arc<dyn archive::BaseFs> = Arc::new(StoreFs { root: root.clone() });
+    let fs = StoreFs { root: root.clone() };
     let mut failed = 0;
     for p in &deltas {
         let shown = p.strip_prefix(&root).unwrap_or(p).display().to_string();
