@@ -322,13 +322,17 @@ impl DeltaArchive {
             return Err(bad("the header's tensors differ from the records".into()));
         }
         let base = open_base(fs, path, &trailer.base_path, trailer.depth - 1).map_err(|e| {
+            // An I/O error names the base already; others name its file.
+            let why = match &e {
+                ArchiveError::Io { .. } => e.reason(),
+                _ => e.to_string(),
+            };
             bad(format!(
-                "base {}: {}",
+                "base {}: {why}",
                 path.parent()
                     .unwrap_or(Path::new(""))
                     .join(&trailer.base_path)
                     .display(),
-                e
             ))
         })?;
         let wrong_base = |what: String| bad(format!("base {}: {what}", base.path().display()));
