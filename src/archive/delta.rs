@@ -149,6 +149,24 @@ impl Base {
             }
         }
     }
+    /// Like [`Base::stream`], on this thread only: no rayon, so it may run
+    /// inside a once-only initialiser called from a rayon worker (a nested
+    /// parallel loop could steal a task that waits on that initialiser).
+    fn stream_here(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        match self {
+            Base::Plain { map, .. } => {
+                f(map.bytes());
+                Ok(())
+            }
+            Base::Archive(a) => {
+                f(a.prefix(0)?);
+                for key in super::blocks_of(&**a, 0)? {
+                    f(&a.decode_block(key)?);
+                }
+                Ok(())
+            }
+        }
+    }
     /// The parsed safetensors header of the presented content.
     fn header(&self) -> Result<(u64, Header)> {
         let len = self.len();
@@ -462,7 +480,7 @@ impl DeltaArchive {
     /// recorded digest.
     fn full_base_check(&self) -> Result<()> {
         let mut h = Xxh3::new();
-        self.base.stream(&mut |b| h.update(b))?;
+        self.base.stream_here(&mut |b| h.update(b))?;
         if h.digest() != self.trailer.base_digest {
             return Err(self.base_error(
                 "content differs from the base this delta was packed against (digest mismatch)"
