@@ -60,6 +60,9 @@ pub struct UnpackArgs {
     /// Replace existing output files.
     #[arg(short, long)]
     pub force: bool,
+    /// For a z4ai delta (.z4dm, .z4dl): the checkpoint it was built against (a .safetensors, a .zstn or any archive ckptfs reads presenting one file). Its digest is checked before anything is written.
+    #[arg(long, value_name = "BASE")]
+    pub base: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -72,6 +75,9 @@ pub struct InfoArgs {
     /// Only the summary, without the per-tensor table.
     #[arg(long)]
     pub summary: bool,
+    /// For z4ai deltas (.z4dm, .z4dl): also say whether BASE is the checkpoint they were built against.
+    #[arg(long, value_name = "BASE")]
+    pub base: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +113,9 @@ pub struct VerifyArgs {
     /// Archives to verify fully, or store directories: in a store, every delta (.z4dm) relation is checked (base present inside the store, content digest as recorded, chain depth within bounds).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// For z4ai deltas (.z4dm, .z4dl): the checkpoint they were built against; each delta is decoded against it and every digest checked.
+    #[arg(long, value_name = "BASE")]
+    pub base: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

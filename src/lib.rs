@@ -17,6 +17,7 @@ pub mod model;
 pub mod pack;
 #[cfg(test)]
 mod test_support;
+pub mod z4delta;
 
 /// Keeps glibc from returning every freed decode block to the kernel: blocks
 /// of about 1 MiB are allocated and freed constantly, and above the default

@@ -331,9 +331,9 @@ pub fn unsupported_kind(head: &[u8]) -> Option<&'static str> {
     } else if head.starts_with(b"ZARA") {
         Some("a z4ai effort=max frame (ZARA, possibly brotli-coded)")
     } else if head.starts_with(b"Z4DL") {
-        Some("a z4ai XOR delta frame (Z4DL)")
+        Some("a z4ai XOR delta frame (Z4DL; only `ckptfs unpack/verify/info --base REF` read it)")
     } else if head.starts_with(b"Z4DM") {
-        Some("a z4ai model delta (Z4DM)")
+        Some("a z4ai model delta (Z4DM; only `ckptfs unpack/verify/info --base BASE` read it)")
     } else {
         None
     }

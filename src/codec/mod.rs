@@ -19,6 +19,7 @@ pub mod frame;
 pub mod plane;
 pub mod rans;
 pub mod transform;
+pub mod xor_delta;
 pub mod zstd;
 
 pub use crate::format::error::{CodecError, Result};

@@ -289,12 +289,27 @@ fn print_human(i: &FileInfo, per_tensor: bool) {
 
 pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
     let mut infos = Vec::new();
-    // BLAZE-X archives have their own fields.
+    // BLAZE-X archives and z4ai deltas have their own fields.
     let mut blazex_json = Vec::new();
     let mut failed = false;
     for path in &a.files {
         if super::mount::in_ckptfs_mount(path) {
             print_mounted(path, a.json);
+            continue;
+        }
+        if let Some(kind) = super::z4delta::peek(path) {
+            match super::z4delta::info(path, kind, a.base.as_deref(), a.json) {
+                Ok(v) => blazex_json.push(v),
+                Err(e) => {
+                    eprintln!("ckptfs: {e}");
+                    failed = true;
+                }
+            }
+            continue;
+        }
+        if a.base.is_some() {
+            eprintln!("ckptfs: {}", super::z4delta::base_not_applicable(path));
+            failed = true;
             continue;
         }
         if super::blz::is_blz(path) {
@@ -313,6 +328,33 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                         blazex_json.push(super::blazex::info_json(b));
                     } else {
                         super::blazex::print_info(b, !a.summary);
+                    }
+                    continue;
+                }
+                if let Some(d) = any.downcast_ref::<crate::archive::DeltaArchive>() {
+                    let (c, dl, f) = d.counts();
+                    let v = serde_json::json!({
+                        "file": path.display().to_string(),
+                        "format": "ckptfs-delta-v1",
+                        "base": d.base_rel(),
+                        "chain_depth": d.depth(),
+                        "copy": c, "delta": dl, "full": f,
+                        "size": d.logical_len(0),
+                        "stored": d.stored_len(),
+                    });
+                    if a.json {
+                        blazex_json.push(v);
+                    } else {
+                        println!(
+                            "{}: ckptfs delta (chain depth {}) against {}: {} COPY, {dl} DELTA, {f} FULL tensors, {} -> {} bytes, ratio {:.4}",
+                            path.display(),
+                            d.depth(),
+                            d.base_rel(),
+                            c,
+                            d.logical_len(0),
+                            d.stored_len(),
+                            d.logical_len(0) as f64 / d.stored_len().max(1) as f64
+                        );
                     }
                     continue;
                 }

@@ -16,6 +16,7 @@ mod patch;
 mod seal;
 mod unpack;
 mod verify;
+mod z4delta;
 
 use crate::cli::{Cli, Command};
 use anyhow::Context as _;

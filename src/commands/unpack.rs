@@ -50,6 +50,16 @@ pub fn default_dir(input: &Path) -> PathBuf {
 }
 
 pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
+    if let Some(kind) = super::z4delta::peek(&a.input) {
+        let Some(base) = &a.base else {
+            return Err(super::z4delta::needs_base(&a.input, kind));
+        };
+        super::z4delta::unpack(g, &a.input, kind, base, a.output, a.force)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.base.is_some() {
+        return Err(super::z4delta::base_not_applicable(&a.input));
+    }
     let input = open_input(&a.input)?;
     match input {
         Input::Archive(archive) if !is_single_file(&*archive) => {

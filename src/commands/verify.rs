@@ -28,19 +28,25 @@ pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
             failed += bad;
             continue;
         }
-        let r: Result<String> = match open_input(path) {
-            Ok(Input::Archive(ar)) => verify_archive(&*ar, g),
-            Ok(Input::Frame(map)) => (|| {
-                let f = Frame::parse(&map).with_context(|| path.display().to_string())?;
-                let n = write_frame(&map, path, &mut std::io::sink())?;
-                Ok(format!(
-                    "z4ai frame {}, {} -> {} bytes",
-                    f.kind_tag(),
-                    n,
-                    map.len()
-                ))
-            })(),
-            Err(e) => Err(e),
+        let delta = super::z4delta::peek(path);
+        let r: Result<String> = match (delta, &a.base) {
+            (Some(kind), Some(base)) => super::z4delta::verify(path, kind, base),
+            (Some(kind), None) => Err(super::z4delta::needs_base(path, kind)),
+            (None, Some(_)) => Err(super::z4delta::base_not_applicable(path)),
+            (None, None) => match open_input(path) {
+                Ok(Input::Archive(ar)) => verify_archive(&*ar, g),
+                Ok(Input::Frame(map)) => (|| {
+                    let f = Frame::parse(&map).with_context(|| path.display().to_string())?;
+                    let n = write_frame(&map, path, &mut std::io::sink())?;
+                    Ok(format!(
+                        "z4ai frame {}, {} -> {} bytes",
+                        f.kind_tag(),
+                        n,
+                        map.len()
+                    ))
+                })(),
+                Err(e) => Err(e),
+            },
         };
         match r {
             Ok(msg) => println!("OK    {}: {msg}", path.display()),

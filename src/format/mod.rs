@@ -16,4 +16,7 @@ pub mod error;
 pub mod frame;
 pub mod plane;
 pub mod safetensors;
+pub mod z4digest;
+pub mod z4dl;
+pub mod z4dm;
 pub mod zstn;

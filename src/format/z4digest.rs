@@ -1,0 +1,101 @@
+//! The digests z4ai's delta formats record of their base, in one place:
+//! BLAKE2b with its output-length parameter set to 8 bytes (a `Z4DM`'s
+//! digest of the base file's data buffer) or 16 bytes (a `Z4DL`'s digest
+//! of its reference). A BLAKE2b with a shorter output length is a different
+//! function from BLAKE2b-512 truncated, so both go through `Blake2bVar`.
+//!
+//! [`Z4Digest`] is streaming, so a base of any size is hashed in chunks
+//! without being held in memory. Pure: no I/O.
+
+use blake2::digest::{Update, VariableOutput};
+use blake2::Blake2bVar;
+
+/// Length of a `Z4DM` base digest (BLAKE2b, digest_size=8).
+pub const BASE_DIGEST_LEN: usize = 8;
+/// Length of a `Z4DL` reference digest (BLAKE2b, digest_size=16).
+pub const REF_DIGEST_LEN: usize = 16;
+
+/// A streaming BLAKE2b of a chosen output length (8 or 16 bytes here).
+#[derive(Clone)]
+pub struct Z4Digest {
+    inner: Blake2bVar,
+    len: usize,
+}
+
+impl Z4Digest {
+    /// The digest a `Z4DM` records of its base's data buffer.
+    pub fn base_data() -> Self {
+        Self::with_len(BASE_DIGEST_LEN)
+    }
+
+    /// The digest a `Z4DL` records of its reference.
+    pub fn reference() -> Self {
+        Self::with_len(REF_DIGEST_LEN)
+    }
+
+    fn with_len(len: usize) -> Self {
+        Z4Digest {
+            // 1..=64 is always accepted; 8 and 16 are constants.
+            inner: Blake2bVar::new(len).expect("BLAKE2b output length in 1..=64"),
+            len,
+        }
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.inner.update(bytes);
+    }
+
+    /// The digest: 8 or 16 bytes, as chosen at construction.
+    pub fn finish(self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        self.inner
+            .finalize_variable(&mut out)
+            .expect("buffer of the output length");
+        out
+    }
+}
+
+/// BLAKE2b-8 of a base's data buffer (the bytes after its `8 + hlen`
+/// safetensors header), as a `Z4DM` records it.
+pub fn base_data_digest(data: &[u8]) -> [u8; BASE_DIGEST_LEN] {
+    let mut d = Z4Digest::base_data();
+    d.update(data);
+    d.finish().try_into().expect("8 bytes")
+}
+
+/// BLAKE2b-16 of a reference, as a `Z4DL` records it.
+pub fn reference_digest(reference: &[u8]) -> [u8; REF_DIGEST_LEN] {
+    let mut d = Z4Digest::reference();
+    d.update(reference);
+    d.finish().try_into().expect("16 bytes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    // Values from Python: hashlib.blake2b(b"abc", digest_size=N).hexdigest().
+    #[test]
+    fn matches_pythons_hashlib_for_both_lengths() {
+        assert_eq!(hex(&base_data_digest(b"abc")), "d8bb14d833d59559");
+        assert_eq!(
+            hex(&reference_digest(b"abc")),
+            "cf4ab791c62b8d2b2109c90275287816"
+        );
+        assert_eq!(hex(&base_data_digest(b"")), "e4a6a0577479b2b4");
+    }
+
+    #[test]
+    fn streaming_equals_one_shot() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut d = Z4Digest::reference();
+        for c in data.chunks(333) {
+            d.update(c);
+        }
+        assert_eq!(d.finish(), reference_digest(&data));
+    }
+}
