@@ -163,7 +163,7 @@ pub struct PackArgs {
     /// Pack a whole directory tree: every .safetensors becomes a .zstn, every other file is copied.
     #[arg(short, long)]
     pub recursive: bool,
-    /// Store INPUT as a delta against BASE (a .safetensors, a .zstn or a delta): tensors matched by name, dtype and shape; unchanged ones cost nothing, changed ones store their XOR with the base or themselves, whichever is smaller. Output: a .z4dm (default INPUT with .safetensors replaced by .z4dm) that records BASE's path relative to it; z4ai's model_delta.decompress reads it.
+    /// Store INPUT as a delta against BASE (a .safetensors, a .zstn or a delta): tensors matched by name, dtype and byte length (as z4ai does); unchanged ones cost nothing, changed ones store their XOR with the base or themselves, whichever is smaller. Output: a .z4dm (default INPUT with .safetensors replaced by .z4dm) that records BASE's path relative to it; z4ai's model_delta.decompress reads it.
     #[arg(long, value_name = "BASE", conflicts_with_all = ["recursive", "standalone"])]
     pub base: Option<PathBuf>,
     /// Turn a delta (.z4dm) into a standalone .zstn (default: INPUT with .z4dm replaced by .zstn).

@@ -10,7 +10,7 @@
 //! its store). The base is an archive of any kind (a delta too, up to
 //! [`MAX_CHAIN`](crate::format::delta::MAX_CHAIN) deep, checked while
 //! opening so a cycle cannot recurse) or a plain `.safetensors`. Its
-//! length and tensors (name, dtype, shape of every COPY and DELTA record)
+//! length and tensors (name, dtype, byte length of every COPY and DELTA record)
 //! are checked at open; a missing or different base fails the open with
 //! one line naming both files.
 //!
@@ -390,11 +390,11 @@ impl DeltaArchive {
                 DeltaKind::Copy | DeltaKind::Delta => {
                     let b = by_name
                         .get(r.name.as_str())
-                        .filter(|b| b.dtype == t.dtype && b.shape == t.shape && b.len() == len)
+                        .filter(|b| b.dtype == t.dtype && b.len() == len)
                         .ok_or_else(|| {
                             wrong_base(format!(
-                                "no tensor {:?} of dtype {} and shape {:?} (a different base)",
-                                r.name, t.dtype, t.shape
+                                "no tensor {:?} of dtype {} and {len} bytes (a different base)",
+                                r.name, t.dtype
                             ))
                         })?;
                     if r.kind == DeltaKind::Delta && r.reference.map(|x| x.0) != Some(len) {

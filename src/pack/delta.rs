@@ -2,13 +2,15 @@
 //! base in, ckptfs's delta archive (`.z4dm`: a z4ai `Z4DM` plus the `CKD1`
 //! trailer, `format::delta`) out.
 //!
-//! Tensors are matched by name, dtype and shape. Per target tensor:
+//! Tensors are matched by name, dtype and byte length, as z4ai does (a
+//! reshape to the same length keeps its bytes: the target header, stored
+//! verbatim, carries the new shape). Per target tensor:
 //! - equal to its match: COPY (nothing stored);
 //! - a match that differs: the XOR of both ([`super::tensor::encode_xor`]:
 //!   byte-plane rANS or opaque zstd, on the per-tensor encoder's block
 //!   grids, so any block decodes alone), and the tensor alone; the smaller
 //!   is kept (DELTA or FULL);
-//! - no match (new, renamed, reshaped, other dtype): FULL.
+//! - no match (new, renamed, resized, other dtype): FULL.
 //!
 //! Frames are encoded in parallel in windows of about 256 MiB of target
 //! and written as they complete. No I/O beyond `out`; the caller owns the
@@ -184,7 +186,7 @@ pub fn pack_delta(
     let order = header.data_order();
     let matched = |t: &TensorEntry| -> Option<&[u8]> {
         let b = by_name.get(t.name.as_str())?;
-        (b.dtype == t.dtype && b.shape == t.shape).then(|| &bdata[b.begin as usize..b.end as usize])
+        (b.dtype == t.dtype && b.len() == t.len()).then(|| &bdata[b.begin as usize..b.end as usize])
     };
     let head = render_head(
         &header.raw,
