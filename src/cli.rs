@@ -122,6 +122,7 @@ pub struct ApplyArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct VerifyArgs {
+    /// Archives to verify fully, or store directories: in a store, every delta (.z4dm) relation is checked (base present inside the store, content digest as recorded, chain depth within bounds).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// For z4ai deltas (.z4dm, .z4dl): the checkpoint they were built against; each delta is decoded against it and every digest checked.
@@ -162,6 +163,12 @@ pub struct PackArgs {
     /// Pack a whole directory tree: every .safetensors becomes a .zstn, every other file is copied.
     #[arg(short, long)]
     pub recursive: bool,
+    /// Store INPUT as a delta against BASE (a .safetensors, a .zstn or a delta): tensors matched by name, dtype and byte length (as z4ai does); unchanged ones cost nothing, changed ones store their XOR with the base or themselves, whichever is smaller. Output: a .z4dm (default INPUT with .safetensors replaced by .z4dm) that records BASE's path relative to it; z4ai's model_delta.decompress reads it.
+    #[arg(long, value_name = "BASE", conflicts_with_all = ["recursive", "standalone"])]
+    pub base: Option<PathBuf>,
+    /// Turn a delta (.z4dm) into a standalone .zstn (default: INPUT with .z4dm replaced by .zstn).
+    #[arg(long, conflicts_with = "recursive")]
+    pub standalone: bool,
     /// zstd level for opaque (integer, bool, fp8) tensors.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub level: i32,

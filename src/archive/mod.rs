@@ -24,19 +24,22 @@
 //! [`open`].
 //!
 //! Kinds: [`zstn`] (z4ai's ZSTN container, ckptfs-written or z4ai-written),
-//! [`blz`] (ckptfs's model-directory archive) and [`blazex`] (the `.blz`
-//! the `blazex` tool writes, presented as `blazex export` would). Frame blocks shared by
+//! [`blz`] (ckptfs's model-directory archive), [`blazex`] (the `.blz`
+//! the `blazex` tool writes, presented as `blazex export` would) and
+//! [`delta`] (ckptfs's `.z4dm` delta against a base archive). Frame blocks shared by
 //! both live in [`frame_block`]; the bytes of an archive in [`backing`].
 
 pub mod backing;
 pub mod blazex;
 pub mod blz;
+pub mod delta;
 pub mod frame_block;
 pub mod zstn;
 
 pub use backing::Backing;
 pub use blazex::BlazexArchive;
 pub use blz::BlzArchive;
+pub use delta::{BaseFs, DeltaArchive, LocalFs};
 pub use frame_block::Grid;
 pub use zstn::ZstnArchive;
 
@@ -141,6 +144,8 @@ pub enum Kind {
     Blz,
     /// BLAZE-X's `.blz` (`"BLAZXPK\n"`), written by the `blazex` tool.
     Blazex,
+    /// ckptfs's delta: a z4ai `Z4DM` with ckptfs's `CKD1` trailer.
+    Delta,
 }
 
 impl Kind {
@@ -152,6 +157,8 @@ impl Kind {
             Some(Kind::Blazex)
         } else if head.starts_with(b"ZSTN") {
             Some(Kind::Zstn)
+        } else if head.starts_with(crate::format::delta::Z4DM_MAGIC) {
+            Some(Kind::Delta)
         } else {
             None
         }
@@ -163,6 +170,7 @@ impl Kind {
             Kind::Zstn => "zstn-v3",
             Kind::Blz => "ckptfs-blz-v1",
             Kind::Blazex => "blazex-blz-v1",
+            Kind::Delta => "ckptfs-delta-v1",
         }
     }
 }
@@ -181,6 +189,18 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
     /// The checksums that cover every byte served, if any (the value of the
     /// mount's `user.ckptfs.checksums` attribute).
     fn checksums(&self) -> Option<&'static str>;
+    /// A digest that changes whenever the presented content could: the
+    /// archive's own checksum block, for an archive with checksums over
+    /// every byte served (a delta records its base's, to recognise it
+    /// without decoding it). `None` by default.
+    fn fingerprint(&self) -> Option<u64> {
+        None
+    }
+    /// For a delta, its base's recorded path (relative to the archive's
+    /// directory).
+    fn base_path(&self) -> Option<&str> {
+        None
+    }
     /// Number of presented files.
     fn files(&self) -> usize;
     /// Relative `/`-separated path of file `file` inside the archive
@@ -330,6 +350,16 @@ pub fn open(path: &Path) -> Result<Arc<dyn ArchiveView>> {
 
 /// Opens an archive from an open file (`path` names it in messages).
 pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Arc<dyn ArchiveView>> {
+    from_file_with(file, path, &LocalFs)
+}
+
+/// Opens an archive from an open file; a delta's base is opened through
+/// `fs` (the mount keeps it inside its store).
+pub fn from_file_with(
+    file: &std::fs::File,
+    path: &Path,
+    fs: &dyn BaseFs,
+) -> Result<Arc<dyn ArchiveView>> {
     let io = |source| ArchiveError::Io {
         path: path.to_path_buf(),
         source,
@@ -339,11 +369,17 @@ pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Arc<dyn ArchiveVie
         remote_metadata(&backing).map_err(io)?;
         let bytes = backing.bytes();
         let head = bytes[..bytes.len().min(8)].to_vec();
-        return from_backing(backing, &head, path);
+        return from_backing_in(backing, &head, path, fs, crate::format::delta::MAX_CHAIN);
     }
     let mut head = [0u8; 8];
     let n = (&*file).read(&mut head).map_err(io)?;
-    from_backing(backing, &head[..n], path)
+    from_backing_in(
+        backing,
+        &head[..n],
+        path,
+        fs,
+        crate::format::delta::MAX_CHAIN,
+    )
 }
 
 /// Fetches what opening a remote archive reads: for a ZSTN container with
@@ -387,11 +423,28 @@ fn remote_metadata(b: &Backing) -> std::io::Result<()> {
 /// Opens an archive held in memory (`name` is used in messages).
 pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<Arc<dyn ArchiveView>> {
     let head = bytes[..bytes.len().min(8)].to_vec();
-    from_backing(Backing::Owned(bytes), &head, name)
+    from_backing_in(
+        Backing::Owned(bytes),
+        &head,
+        name,
+        &LocalFs,
+        crate::format::delta::MAX_CHAIN,
+    )
 }
 
-fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn ArchiveView>> {
+/// `depth_left`: how deep a chain of deltas may still go (a delta's base
+/// is opened with one less).
+fn from_backing_in(
+    backing: Backing,
+    head: &[u8],
+    path: &Path,
+    fs: &dyn BaseFs,
+    depth_left: u32,
+) -> Result<Arc<dyn ArchiveView>> {
     match Kind::detect(head) {
+        Some(Kind::Delta) => Ok(Arc::new(DeltaArchive::from_backing(
+            backing, path, fs, depth_left,
+        )?)),
         Some(Kind::Zstn) => Ok(Arc::new(ZstnArchive::from_backing(backing, path)?)),
         Some(Kind::Blz) => Ok(Arc::new(BlzArchive::from_backing(backing, path)?)),
         Some(Kind::Blazex) => Ok(Arc::new(BlazexArchive::from_backing(backing, path)?)),

@@ -431,6 +431,14 @@ impl ArchiveView for ZstnArchive {
     fn checksums(&self) -> Option<&'static str> {
         self.ext.as_ref().map(|_| "ckx1")
     }
+    /// The xxh3 of the CKX1 block: it holds the digests of the head, the
+    /// index and every block, so the same fingerprint means the same
+    /// presented content (each block still checked when read).
+    fn fingerprint(&self) -> Option<u64> {
+        let e = self.ext.as_ref()?;
+        let r = e.range.start as usize..e.range.end as usize;
+        Some(xxhash_rust::xxh3::xxh3_64(&self.bytes()[r]))
+    }
     fn files(&self) -> usize {
         1
     }

@@ -331,6 +331,33 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                     }
                     continue;
                 }
+                if let Some(d) = any.downcast_ref::<crate::archive::DeltaArchive>() {
+                    let (c, dl, f) = d.counts();
+                    let v = serde_json::json!({
+                        "file": path.display().to_string(),
+                        "format": "ckptfs-delta-v1",
+                        "base": d.base_rel(),
+                        "chain_depth": d.depth(),
+                        "copy": c, "delta": dl, "full": f,
+                        "size": d.logical_len(0),
+                        "stored": d.stored_len(),
+                    });
+                    if a.json {
+                        blazex_json.push(v);
+                    } else {
+                        println!(
+                            "{}: ckptfs delta (chain depth {}) against {}: {} COPY, {dl} DELTA, {f} FULL tensors, {} -> {} bytes, ratio {:.4}",
+                            path.display(),
+                            d.depth(),
+                            d.base_rel(),
+                            c,
+                            d.logical_len(0),
+                            d.stored_len(),
+                            d.logical_len(0) as f64 / d.stored_len().max(1) as f64
+                        );
+                    }
+                    continue;
+                }
                 match any.downcast_ref() {
                     Some(z) => archive_info(z).map_err(|e| e.into()),
                     None => Err(anyhow::anyhow!("{}: not a ZSTN archive", path.display())),

@@ -4,6 +4,7 @@
 mod blazex;
 mod blz;
 mod daemon_state;
+mod delta;
 mod export;
 mod extract;
 mod hold;

@@ -79,6 +79,14 @@ fn report(input: &Path, output: &Path, s: &PackStats, secs: f64) {
 
 pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
     let opts = PackOptions { level: a.level };
+    if let Some(base) = &a.base {
+        super::delta::pack_against(g, &a.input, base, a.output.as_deref(), opts, a.force)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.standalone {
+        super::delta::standalone(g, &a.input, a.output.as_deref(), opts, a.force)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(out) = a
         .output
         .as_ref()

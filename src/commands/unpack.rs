@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Default output name: strip `.zstn`, add `.safetensors` unless present;
+/// Default output name: strip `.zstn` (or a delta's `.z4dm`), add `.safetensors` unless present;
 /// for a bare frame strip `.z4ai` (else append `.out`, as z4ai does).
 pub fn default_output(input: &Path, frame: bool) -> PathBuf {
     let s = input.to_string_lossy();
@@ -21,6 +21,7 @@ pub fn default_output(input: &Path, frame: bool) -> PathBuf {
     }
     let base = s
         .strip_suffix(".zstn")
+        .or_else(|| s.strip_suffix(".z4dm"))
         .or_else(|| s.strip_suffix(".z4ai.safetensors"))
         .unwrap_or(&s);
     let out = if base.ends_with(".safetensors") {

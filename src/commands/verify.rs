@@ -18,6 +18,16 @@ pub fn verify_archive(a: &dyn ArchiveView, g: Global) -> Result<String> {
 pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
     let mut failed = 0;
     for path in &a.files {
+        if path.is_dir() {
+            // A store: every delta relation in it.
+            let (n, bad) = super::delta::verify_store(path)?;
+            println!(
+                "{}: {n} delta relations checked, {bad} failed",
+                path.display()
+            );
+            failed += bad;
+            continue;
+        }
         let delta = super::z4delta::peek(path);
         let r: Result<String> = match (delta, &a.base) {
             (Some(kind), Some(base)) => super::z4delta::verify(path, kind, base),

@@ -11,13 +11,23 @@ use std::path::{Path, PathBuf};
 
 /// The z4ai delta kind of the file at `path`, from its magic (None for
 /// anything else, including unreadable files: the caller's own open
-/// reports those).
+/// reports those). A ckptfs delta archive (a `Z4DM` ending with its `CKD1`
+/// trailer, doc/FORMAT.md §6) records its base and is an archive: None.
 pub fn peek(path: &Path) -> Option<DeltaKind> {
-    use std::io::Read;
+    use std::io::{Read, Seek, SeekFrom};
     let mut head = [0u8; 4];
     let mut f = std::fs::File::open(path).ok()?;
     f.read_exact(&mut head).ok()?;
-    DeltaKind::detect(&head)
+    let kind = DeltaKind::detect(&head)?;
+    let mut tail = [0u8; 4];
+    if &head == crate::format::delta::Z4DM_MAGIC
+        && f.seek(SeekFrom::End(-4)).is_ok()
+        && f.read_exact(&mut tail).is_ok()
+        && &tail == crate::format::delta::TRAILER_MAGIC
+    {
+        return None;
+    }
+    Some(kind)
 }
 
 /// The error for a delta given without its base.

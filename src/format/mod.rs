@@ -11,6 +11,7 @@ pub mod blz;
 pub mod blzdiff;
 pub mod ckx;
 pub mod cursor;
+pub mod delta;
 pub mod error;
 pub mod frame;
 pub mod plane;

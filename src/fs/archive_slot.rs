@@ -19,7 +19,7 @@ use crate::archive::{self, ArchiveView};
 use crate::fs::Identity;
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -55,6 +55,38 @@ impl std::fmt::Debug for Slot {
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Where the mount opens a delta's base: the recorded path, relative to
+/// the delta's directory, resolved lexically inside STORE (a `..` above
+/// its root is refused) and opened beneath STORE's root like every other
+/// access (no symlink followed).
+struct StoreBases<'a> {
+    store: &'a super::beneath::Beneath,
+}
+
+impl archive::BaseFs for StoreBases<'_> {
+    fn open_base(&self, from: &Path, rel: &str) -> std::io::Result<(File, PathBuf)> {
+        use std::path::Component;
+        let from = from.strip_prefix(self.store.path()).unwrap_or(from);
+        let mut norm = PathBuf::new();
+        for c in from
+            .parent()
+            .unwrap_or(Path::new(""))
+            .join(rel)
+            .components()
+        {
+            match c {
+                Component::Normal(n) => norm.push(n),
+                Component::CurDir => {}
+                Component::ParentDir if norm.pop() => {}
+                // EACCES: the path names a file outside the store.
+                _ => return Err(std::io::Error::from_raw_os_error(libc::EACCES)),
+            }
+        }
+        let file = self.store.open_file(&norm, libc::O_RDONLY, 0)?;
+        Ok((file, self.store.path().join(norm)))
+    }
+}
 
 impl CheckpointFs {
     /// The parsed archive for the backing version `meta` describes,
@@ -103,7 +135,8 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
-        let slot = parse_version(&file, &fm, path, directory, self.require_checksums)?;
+        let bases = StoreBases { store: &self.store };
+        let slot = parse_version(&file, &fm, path, directory, self.require_checksums, &bases)?;
         Ok((slot, fm))
     }
 }
@@ -121,13 +154,14 @@ pub(super) fn parse_version(
     path: &Path,
     directory: bool,
     require_checksums: bool,
+    bases: &dyn archive::BaseFs,
 ) -> Result<Slot> {
     let shown = if directory {
         "listed as a directory"
     } else {
         "listed with its stored size"
     };
-    let archive = archive::from_file(file, path).and_then(|a| {
+    let archive = archive::from_file_with(file, path, bases).and_then(|a| {
         let single = a.files() == 1 && a.file_path(0).is_empty();
         match (directory, single) {
             (true, true) => {

@@ -7,6 +7,8 @@
 //!   file with safetensors content written under any other name, such as
 //!   the Hugging Face cache's `blobs/<sha256>`) is presented as `N`,
 //!   exactly (`N` not empty, `.` or `..`);
+//! - a regular file `X.z4dm` (a ckptfs delta against a base archive) is
+//!   presented as `X.safetensors` (after `X.safetensors.zstn` and `X.zstn`);
 //! - a regular file `X.blz` (a whole model directory) is presented as a
 //!   read-only directory `X` (its contents are served by `CheckpointFs`);
 //! - a plain entry wins over any archive presenting the same name; of the
@@ -27,6 +29,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 pub const ARCHIVE_SUFFIX: &[u8] = b".zstn";
 pub const PRESENTED_SUFFIX: &[u8] = b".safetensors";
 pub const BLZ_SUFFIX: &[u8] = b".blz";
+/// A delta archive `X.z4dm`, presented as `X.safetensors`.
+pub const DELTA_SUFFIX: &[u8] = b".z4dm";
 /// A `.zstn` archive presented under its own name less this suffix.
 pub const KEPT_SUFFIX: &[u8] = b".zsame";
 
@@ -54,6 +58,14 @@ pub fn presented_name(name: &OsStr) -> Option<OsString> {
     if is_blz_name(name) {
         let stem = name.as_bytes().strip_suffix(BLZ_SUFFIX)?;
         return Some(OsString::from_vec(stem.to_vec()));
+    }
+    if let Some(stem) = name.as_bytes().strip_suffix(DELTA_SUFFIX) {
+        if stem.is_empty() || stem == b"." || stem == b".." {
+            return None;
+        }
+        let mut out = stem.to_vec();
+        out.extend_from_slice(PRESENTED_SUFFIX);
+        return Some(OsString::from_vec(out));
     }
     let stem = name.as_bytes().strip_suffix(ARCHIVE_SUFFIX)?;
     if stem.is_empty() || stem == PRESENTED_SUFFIX {
@@ -117,8 +129,11 @@ pub fn archive_candidates(name: &OsStr) -> Vec<OsString> {
             long.extend_from_slice(ARCHIVE_SUFFIX);
             let mut short = stem.to_vec();
             short.extend_from_slice(ARCHIVE_SUFFIX);
+            let mut delta = stem.to_vec();
+            delta.extend_from_slice(DELTA_SUFFIX);
             out.push(OsString::from_vec(long));
             out.push(OsString::from_vec(short));
+            out.push(OsString::from_vec(delta));
         }
     }
     if !name.is_empty() && name.as_bytes() != b"." && name.as_bytes() != b".." {
@@ -226,6 +241,7 @@ mod tests {
             vec![
                 os("m.safetensors.zstn"),
                 os("m.zstn"),
+                os("m.z4dm"),
                 os("m.safetensors.zsame"),
                 os("m.safetensors.blz")
             ]
@@ -234,6 +250,10 @@ mod tests {
             archive_candidates(&os("config.json")),
             vec![os("config.json.zsame"), os("config.json.blz")]
         );
+        assert_eq!(presented_name(&os("m.z4dm")), Some(os("m.safetensors")));
+        for n in [".z4dm", "..z4dm"] {
+            assert_eq!(presented_name(&os(n)), None, "{n}");
+        }
         assert_eq!(presented_name(&os("model.blz")), Some(os("model")));
         assert_eq!(presented_name(&os(".blz")), None);
         assert!(is_blz_name(&os("model.blz")) && !is_blz_name(&os(".blz")));

@@ -8,7 +8,8 @@
 //! An archive (a `.zstn` presented as `.safetensors`) answers the
 //! `user.ckptfs.*` attributes below by name: its stored size, compression
 //! ratio, format and checksums, or, for an archive that cannot be parsed,
-//! its stored size and the reason. They describe the stored archive, not
+//! its stored size and the reason; a delta (`X.z4dm`) also its base
+//! (`user.ckptfs.base`, the recorded path relative to its directory). They describe the stored archive, not
 //! the bytes read, so `listxattr` leaves them out: `cp -a` out of the mount
 //! does not copy them onto the decoded copy, where they would be false.
 //! `getfattr -n NAME` and `ckptfs info MNT/path` still show them. Nothing
@@ -35,6 +36,9 @@ pub const XATTR_FORMAT: &str = "user.ckptfs.format";
 pub const XATTR_CHECKSUMS: &str = "user.ckptfs.checksums";
 
 pub const XATTR_ERROR: &str = "user.ckptfs.error";
+
+/// A delta's base: its stored path relative to the delta's directory.
+pub const XATTR_BASE: &str = "user.ckptfs.base";
 
 impl CheckpointFs {
     /// Where an inode's attributes come from.
@@ -64,12 +68,16 @@ impl CheckpointFs {
                 } else {
                     a.logical_len(0) as f64 / a.stored_len() as f64
                 };
-                vec![
+                let mut v = vec![
                     (XATTR_STORED_SIZE, a.stored_len().to_string()),
                     (XATTR_RATIO, format!("{ratio:.3}")),
                     (XATTR_FORMAT, a.kind().format_name().to_string()),
                     (XATTR_CHECKSUMS, a.checksums().unwrap_or("none").to_string()),
-                ]
+                ];
+                if let Some(b) = a.base_path() {
+                    v.push((XATTR_BASE, b.to_string()));
+                }
+                v
             }
             Err(reason) => vec![
                 (XATTR_STORED_SIZE, m.len().to_string()),

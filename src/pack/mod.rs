@@ -12,6 +12,8 @@
 //!   `blazex` tool's uncompressed layout). [`pack_blazex`].
 //! - [`blzdiff`]: BLAZE-X `.blzdiff` patches, written (`diff`) and
 //!   applied (`apply`).
+//! - [`delta`]: a `.safetensors` and its base in, ckptfs's delta archive
+//!   (`.z4dm`: a z4ai `Z4DM` plus the `CKD1` trailer) out. [`delta::pack_delta`].
 //! - [`seal`]: a z4ai-written `.zstn` in, the same file with ckptfs's CKX1
 //!   checksum block added out (frames untouched). [`seal_file`].
 //!
@@ -25,6 +27,7 @@
 pub mod blazex;
 pub mod blz;
 pub mod blzdiff;
+pub mod delta;
 pub mod seal;
 pub mod tensor;
 pub mod zstn;

@@ -63,6 +63,27 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
     }
 }
 
+/// Compresses the XOR of a tensor with its base (a DELTA record's frame).
+/// Mostly zero with small low-order differences, so the bit-field frame's
+/// stored sign plane (1/16 of a bf16 tensor) would dominate: float XORs go
+/// in byte-plane frames (every plane rANS or stored) or opaque zstd,
+/// whichever is smaller. Same block grids as [`encode_tensor`].
+pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8> {
+    let w = match dtype {
+        _ if xor.len() < TINY => return opaque_frame(xor, opts),
+        Some(Dtype::BF16) | Some(Dtype::F16) => 2,
+        Some(Dtype::F32) | Some(Dtype::C64) => 4,
+        Some(Dtype::F64) => 8,
+        _ => return opaque_frame(xor, opts),
+    };
+    let (p, o) = rayon::join(|| byteplane_frame(xor, w), || opaque_frame(xor, opts));
+    if o.len() < p.len() {
+        o
+    } else {
+        p
+    }
+}
+
 /// Elements per block for an element size.
 fn block_elems(elem_bytes: usize) -> usize {
     (BLOCK_BYTES as usize / elem_bytes).max(8)

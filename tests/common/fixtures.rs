@@ -285,3 +285,102 @@ pub fn populate_store(store: &Path) -> Vec<(String, PathBuf)> {
     ));
     pairs
 }
+
+/// bf16 bits back to f32.
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// A base checkpoint and a target derived from it, as a training step or
+/// fine-tune would: of `n` bf16 and f32 layers (`scale` elements each)
+/// every third gets a small update (a learning-rate-sized step on every
+/// element), the rest are unchanged; one tensor is renamed, one added, one
+/// removed and one reshaped (same byte length, other shape). Returns
+/// (base, target) `.safetensors` bytes.
+pub fn delta_pair(seed: u64, n: usize, scale: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut rng = Rng(seed | 1);
+    let mut base: Vec<(String, &str, Vec<u64>, Vec<u8>)> = Vec::new();
+    for i in 0..n {
+        if i % 2 == 0 {
+            let v = gauss_bf16(&mut rng, scale, 0.02);
+            base.push((
+                format!("layers.{i}.weight"),
+                "BF16",
+                vec![(scale / 64) as u64, 64],
+                v,
+            ));
+        } else {
+            let v = gauss_f32(&mut rng, scale / 2, 0.02);
+            base.push((
+                format!("layers.{i}.weight"),
+                "F32",
+                vec![(scale / 128) as u64, 64],
+                v,
+            ));
+        }
+    }
+    base.push((
+        "old_name".into(),
+        "BF16",
+        vec![64, 64],
+        gauss_bf16(&mut rng, 4096, 1.0),
+    ));
+    base.push((
+        "removed".into(),
+        "F32",
+        vec![100],
+        gauss_f32(&mut rng, 100, 1.0),
+    ));
+    base.push((
+        "reshaped".into(),
+        "BF16",
+        vec![64, 64],
+        gauss_bf16(&mut rng, 4096, 1.0),
+    ));
+    let mut target = Vec::new();
+    for (i, (name, dtype, shape, bytes)) in base.iter().enumerate() {
+        let mut b = bytes.clone();
+        match name.as_str() {
+            "removed" => continue,
+            "old_name" => {
+                target.push(("new_name".to_string(), *dtype, shape.clone(), b));
+                continue;
+            }
+            "reshaped" => {
+                target.push((name.clone(), *dtype, vec![32, 128], b));
+                continue;
+            }
+            _ => {}
+        }
+        if i % 3 == 0 {
+            if *dtype == "BF16" {
+                for c in b.chunks_mut(2) {
+                    let x = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                    let y = x + (rng.normal() * 2e-4) as f32;
+                    c.copy_from_slice(&bf16_bits(y).to_le_bytes());
+                }
+            } else {
+                for c in b.chunks_mut(4) {
+                    let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    let y = x + (rng.normal() * 2e-5) as f32;
+                    c.copy_from_slice(&y.to_le_bytes());
+                }
+            }
+        }
+        target.push((name.clone(), *dtype, shape.clone(), b));
+    }
+    target.push((
+        "added".into(),
+        "BF16",
+        vec![128],
+        gauss_bf16(&mut rng, 128, 1.0),
+    ));
+    let file = |t: &[(String, &str, Vec<u64>, Vec<u8>)]| {
+        let v: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = t
+            .iter()
+            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+            .collect();
+        safetensors_file(&v, None)
+    };
+    (file(&base), file(&target))
+}

@@ -1,0 +1,736 @@
+//! An opened ckptfs delta archive (`.z4dm`, `format::delta`): one
+//! presented file, the target `.safetensors`, rebuilt from the delta's
+//! records and the bytes of its base.
+//!
+//! Opening maps the file, checks the `CKD1` trailer, the `Z4DM` head and
+//! every record head against it (record digests, records tiling the body
+//! and the data buffer, the header JSON agreeing with the records), then
+//! opens the base: the file at the recorded path relative to this
+//! archive's directory, through a [`BaseFs`] (the mount's keeps it inside
+//! its store). The base is an archive of any kind (a delta too, up to
+//! [`MAX_CHAIN`](crate::format::delta::MAX_CHAIN) deep, checked while
+//! opening so a cycle cannot recurse) or a plain `.safetensors`. Its
+//! length and tensors (name, dtype, byte length of every COPY and DELTA record)
+//! are checked at open; a missing or different base fails the open with
+//! one line naming both files.
+//!
+//! Units are the records, in order. A block of a FULL unit is a frame
+//! block (compressed bytes checked before decoding, as in CKX1); of a
+//! DELTA unit, the XOR frame's block XOR the same range of the base tensor,
+//! read through the base archive; of a COPY unit, a 1 MiB range of the
+//! base tensor. Every block's bytes are checked against the trailer's
+//! digest of the *target* bytes before they are returned, so a wrong or
+//! damaged base gives an error, never wrong bytes.
+//!
+//! Before the first byte that needs the base is served, the base's
+//! identity is checked once ([`DeltaArchive::check_base`]): its archive
+//! fingerprint (a checksummed archive's own checksum block) equals the one
+//! recorded, or else the xxh3 of its whole presented content equals the
+//! recorded digest (a plain `.safetensors` base, or a base re-encoded
+//! since). `verify` always does the full check, and z4ai's BLAKE2b digests.
+
+use super::frame_block::{decode_unit_block, frame_grid, shared_grid, GridCell, GridError};
+use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
+use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN};
+use crate::format::safetensors::{header_len, Header, TensorEntry};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+/// The largest COPY block a reader accepts (ckptfs writes 1 MiB).
+const MAX_COPY_BLOCK: u64 = 64 << 20;
+
+/// Where a delta's base is opened from.
+pub trait BaseFs: Send + Sync {
+    /// Opens `rel` (a recorded base path) relative to the directory of the
+    /// archive at `from`; returns the file and the path that names it (in
+    /// messages, and as the `from` of its own base).
+    fn open_base(&self, from: &Path, rel: &str) -> io::Result<(File, PathBuf)>;
+}
+
+/// The local file system: `rel` joined to `from`'s directory.
+pub struct LocalFs;
+
+impl BaseFs for LocalFs {
+    fn open_base(&self, from: &Path, rel: &str) -> io::Result<(File, PathBuf)> {
+        let p = from.parent().unwrap_or(Path::new("")).join(rel);
+        Ok((File::open(&p)?, p))
+    }
+}
+
+/// An opened base: an archive, or a plain `.safetensors` file.
+pub enum Base {
+    Archive(Arc<dyn ArchiveView>),
+    Plain { path: PathBuf, map: Backing },
+}
+
+impl Base {
+    pub fn path(&self) -> &Path {
+        match self {
+            Base::Archive(a) => a.path(),
+            Base::Plain { path, .. } => path,
+        }
+    }
+    pub fn len(&self) -> u64 {
+        match self {
+            Base::Archive(a) => a.logical_len(0),
+            Base::Plain { map, .. } => map.bytes().len() as u64,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Fills `buf` with presented bytes from `offset` (all inside).
+    pub fn read_exact(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match self {
+            Base::Archive(a) => {
+                let n = a.read_at(0, offset, buf)?;
+                if n != buf.len() {
+                    return Err(a.integrity(format!("short read at {offset}")));
+                }
+                Ok(())
+            }
+            Base::Plain { map, path } => {
+                let b = map.bytes();
+                let r = offset as usize..offset as usize + buf.len();
+                buf.copy_from_slice(b.get(r).ok_or_else(|| ArchiveError::Integrity {
+                    path: path.clone(),
+                    what: format!("no bytes at {offset}"),
+                })?);
+                Ok(())
+            }
+        }
+    }
+    /// The base archive's checksum identity (none for a plain file).
+    pub fn fingerprint(&self) -> Option<u64> {
+        match self {
+            Base::Archive(a) => a.fingerprint(),
+            Base::Plain { .. } => None,
+        }
+    }
+    /// Its chain depth: 0 unless it is a delta.
+    pub fn depth(&self) -> u32 {
+        match self {
+            Base::Archive(a) => (&**a as &dyn std::any::Any)
+                .downcast_ref::<DeltaArchive>()
+                .map_or(0, |d| d.depth()),
+            Base::Plain { .. } => 0,
+        }
+    }
+    /// Calls `f` on the presented content, in order, in chunks.
+    pub fn stream(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        match self {
+            Base::Plain { map, .. } => {
+                f(map.bytes());
+                Ok(())
+            }
+            Base::Archive(a) => {
+                struct W<'a>(&'a mut dyn FnMut(&[u8]));
+                impl io::Write for W<'_> {
+                    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                        (self.0)(b);
+                        Ok(b.len())
+                    }
+                    fn flush(&mut self) -> io::Result<()> {
+                        Ok(())
+                    }
+                }
+                super::write_to(&**a, 0, &mut W(f), &|_| {}).map_err(|e| match e {
+                    super::WriteError::Archive(e) => e,
+                    super::WriteError::Write(e) => ArchiveError::Io {
+                        path: a.path().to_path_buf(),
+                        source: e,
+                    },
+                })
+            }
+        }
+    }
+    /// Like [`Base::stream`], on this thread only: no rayon, so it may run
+    /// inside a once-only initialiser called from a rayon worker (a nested
+    /// parallel loop could steal a task that waits on that initialiser).
+    fn stream_here(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        match self {
+            Base::Plain { map, .. } => {
+                f(map.bytes());
+                Ok(())
+            }
+            Base::Archive(a) => {
+                f(a.prefix(0)?);
+                for key in super::blocks_of(&**a, 0)? {
+                    f(&a.decode_block(key)?);
+                }
+                Ok(())
+            }
+        }
+    }
+    /// The parsed safetensors header of the presented content.
+    fn header(&self) -> Result<(u64, Header)> {
+        let len = self.len();
+        let mut h8 = [0u8; 8];
+        let short = |what: String| ArchiveError::Integrity {
+            path: self.path().to_path_buf(),
+            what,
+        };
+        if len < 8 {
+            return Err(short(
+                "not a safetensors file (shorter than 8 bytes)".into(),
+            ));
+        }
+        self.read_exact(0, &mut h8)?;
+        let hl = header_len(&h8, len).map_err(|e| short(format!("safetensors header: {e}")))?;
+        let mut raw = vec![0u8; hl as usize];
+        self.read_exact(8, &mut raw)?;
+        let h = Header::parse(&raw, len - 8 - hl)
+            .map_err(|e| short(format!("safetensors header: {e}")))?;
+        Ok((8 + hl, h))
+    }
+}
+
+/// Opens the base `rel` of the archive at `from`. `depth_left`: how many
+/// more deltas may follow in the chain.
+pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Result<Base> {
+    let (file, path) = fs.open_base(from, rel).map_err(|source| ArchiveError::Io {
+        path: from.parent().unwrap_or(Path::new("")).join(rel),
+        source,
+    })?;
+    let io = |source| ArchiveError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut head = [0u8; 8];
+    let n = (&file).read(&mut head).map_err(io)?;
+    let backing = Backing::map(&file).map_err(io)?;
+    if Kind::detect(&head[..n]).is_some() || super::unsupported_kind(&head[..n]).is_some() {
+        let a = super::from_backing_in(backing, &head[..n], &path, fs, depth_left)?;
+        if a.files() != 1 || !a.file_path(0).is_empty() {
+            return Err(a.integrity("a model-directory archive cannot be a delta's base".into()));
+        }
+        return Ok(Base::Archive(a));
+    }
+    Ok(Base::Plain { path, map: backing })
+}
+
+struct Unit {
+    kind: DeltaKind,
+    /// The Z4AI frame's bytes in the file (empty for COPY).
+    frame: Range<usize>,
+    /// Where the matching base tensor starts in the base's presented file.
+    base_offset: u64,
+    len: u64,
+    grid: GridCell,
+}
+
+pub struct DeltaArchive {
+    path: PathBuf,
+    map: Backing,
+    head: Head,
+    trailer: Trailer,
+    records: Vec<RecordHead>,
+    units: Vec<Unit>,
+    segments: Vec<Segment>,
+    base: Base,
+    /// Passed once: the base is the one packed against.
+    base_ok: OnceLock<std::result::Result<(), String>>,
+    fingerprint: u64,
+}
+
+impl DeltaArchive {
+    /// Opens a delta held in `map`; its base through `fs`. `depth_left`
+    /// bounds the chain still allowed below this archive.
+    pub fn from_backing(
+        map: Backing,
+        path: &Path,
+        fs: &dyn BaseFs,
+        depth_left: u32,
+    ) -> Result<DeltaArchive> {
+        let bad = |what: String| ArchiveError::Integrity {
+            path: path.to_path_buf(),
+            what,
+        };
+        let bytes = map.bytes();
+        let trailer = match Trailer::find(bytes).map_err(bad)? {
+            Some(t) => t,
+            None => {
+                return Err(ArchiveError::Unrecognised {
+                    path: path.to_path_buf(),
+                    what: "a z4ai model delta (Z4DM) without ckptfs's CKD1 trailer, so no base \
+                           path or checksums: decode it with `ckptfs unpack FILE --base BASE` or \
+                           z4ai"
+                        .into(),
+                })
+            }
+        };
+        if trailer.depth == 0 || trailer.depth > MAX_CHAIN {
+            return Err(bad(format!(
+                "chain depth {} outside 1..={MAX_CHAIN}",
+                trailer.depth
+            )));
+        }
+        if trailer.depth > depth_left {
+            return Err(bad(format!(
+                "a chain of deltas deeper than {MAX_CHAIN} (or a cycle) below it"
+            )));
+        }
+        delta::check_base_path(&trailer.base_path).map_err(bad)?;
+        let body = &bytes[..trailer.z4dm_len as usize];
+        let head = delta::parse_head(body).map_err(bad)?;
+        if xxh3_64(&body[..head.records_start]) != trailer.head_digest {
+            return Err(bad(
+                "checksum mismatch in the Z4DM head (header JSON or lengths)".into(),
+            ));
+        }
+        if head.n_records as usize != trailer.units.len() {
+            return Err(bad(format!(
+                "{} records, the CKD1 trailer lists {}",
+                head.n_records,
+                trailer.units.len()
+            )));
+        }
+        let mut records = Vec::with_capacity(trailer.units.len());
+        let mut at = head.records_start as u64;
+        let mut data_pos = 0u64;
+        for (i, u) in trailer.units.iter().enumerate() {
+            if u.record_offset != at {
+                return Err(bad(format!("record {i} is not where the trailer says")));
+            }
+            let r = delta::parse_record(body, at as usize).map_err(bad)?;
+            if r.end_offset as u64 != at + u.record_len {
+                return Err(bad(format!(
+                    "record {:?}: length differs from the trailer",
+                    r.name
+                )));
+            }
+            let meta_end = if r.kind == DeltaKind::Copy {
+                r.end_offset
+            } else {
+                r.frame.start
+            };
+            if xxh3_64(&body[at as usize..meta_end]) != u.record_digest {
+                return Err(bad(format!("record {:?}: checksum mismatch", r.name)));
+            }
+            if r.begin != data_pos || r.end < r.begin || r.end > head.data_len {
+                return Err(bad(format!(
+                    "record {:?}: bytes [{}, {}) do not continue the data buffer at {data_pos}",
+                    r.name, r.begin, r.end
+                )));
+            }
+            data_pos = r.end;
+            at = r.end_offset as u64;
+            records.push(r);
+        }
+        if at != trailer.z4dm_len || data_pos != head.data_len {
+            return Err(bad(
+                "records do not fill the Z4DM body and data buffer".into()
+            ));
+        }
+        let prefix = &bytes[head.prefix.clone()];
+        let header = Header::parse(&prefix[8..], head.data_len)
+            .map_err(|e| bad(format!("safetensors header: {e}")))?;
+        let order = header.data_order();
+        if order.len() != records.len()
+            || order
+                .iter()
+                .zip(&records)
+                .any(|(t, r)| t.name != r.name || t.begin != r.begin || t.end != r.end)
+        {
+            return Err(bad("the header's tensors differ from the records".into()));
+        }
+        let base = open_base(fs, path, &trailer.base_path, trailer.depth - 1).map_err(|e| {
+            // An I/O error names the base already; others name its file.
+            let why = match &e {
+                ArchiveError::Io { .. } => e.reason(),
+                _ => e.to_string(),
+            };
+            bad(format!(
+                "base {}: {why}",
+                path.parent()
+                    .unwrap_or(Path::new(""))
+                    .join(&trailer.base_path)
+                    .display(),
+            ))
+        })?;
+        let wrong_base = |what: String| bad(format!("base {}: {what}", base.path().display()));
+        if base.depth() + 1 != trailer.depth {
+            return Err(wrong_base(format!(
+                "chain depth {} where this delta was packed against depth {}",
+                base.depth(),
+                trailer.depth - 1
+            )));
+        }
+        if base.len() != trailer.base_len {
+            return Err(wrong_base(format!(
+                "{} bytes, this delta was packed against {} bytes (a different base)",
+                base.len(),
+                trailer.base_len
+            )));
+        }
+        let needs_base = records.iter().any(|r| r.kind != DeltaKind::Full);
+        let (base_start, base_header) = if needs_base {
+            let (s, h) = base.header()?;
+            (s, Some(h))
+        } else {
+            (0, None)
+        };
+        let by_name: HashMap<&str, &TensorEntry> = base_header
+            .iter()
+            .flat_map(|h| &h.tensors)
+            .map(|t| (t.name.as_str(), t))
+            .collect();
+        let mut units = Vec::with_capacity(records.len());
+        let mut segments = Vec::new();
+        let prefix_len = prefix.len() as u64;
+        for (i, (r, t)) in records.iter().zip(&order).enumerate() {
+            let len = r.end - r.begin;
+            let base_offset = match r.kind {
+                DeltaKind::Full => 0,
+                DeltaKind::Copy | DeltaKind::Delta => {
+                    let b = by_name
+                        .get(r.name.as_str())
+                        .filter(|b| b.dtype == t.dtype && b.len() == len)
+                        .ok_or_else(|| {
+                            wrong_base(format!(
+                                "no tensor {:?} of dtype {} and {len} bytes (a different base)",
+                                r.name, t.dtype
+                            ))
+                        })?;
+                    if r.kind == DeltaKind::Delta && r.reference.map(|x| x.0) != Some(len) {
+                        return Err(bad(format!("record {:?}: Z4DL reference length", r.name)));
+                    }
+                    base_start + b.begin
+                }
+            };
+            units.push(Unit {
+                kind: r.kind,
+                frame: r.frame.clone(),
+                base_offset,
+                len,
+                grid: GridCell::new(),
+            });
+            if len > 0 {
+                segments.push(Segment {
+                    start: prefix_len + r.begin,
+                    len,
+                    unit: i as u32,
+                });
+            }
+        }
+        let fingerprint = xxh3_64(&bytes[trailer.z4dm_len as usize..]);
+        Ok(DeltaArchive {
+            path: path.to_path_buf(),
+            map,
+            head,
+            trailer,
+            records,
+            units,
+            segments,
+            base,
+            base_ok: OnceLock::new(),
+            fingerprint,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.bytes()
+    }
+
+    /// The chain depth: 1 when the base is standalone.
+    pub fn depth(&self) -> u32 {
+        self.trailer.depth
+    }
+
+    /// The base path as recorded (relative to this archive's directory).
+    pub fn base_rel(&self) -> &str {
+        &self.trailer.base_path
+    }
+
+    /// The opened base.
+    pub fn base(&self) -> &Base {
+        &self.base
+    }
+
+    /// Records by kind: (COPY, DELTA, FULL).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let n = |k| self.records.iter().filter(|r| r.kind == k).count();
+        (n(DeltaKind::Copy), n(DeltaKind::Delta), n(DeltaKind::Full))
+    }
+
+    fn base_error(&self, what: String) -> ArchiveError {
+        self.integrity(format!("base {}: {what}", self.base.path().display()))
+    }
+
+    /// Checks, once, that the base is the one packed against (see the
+    /// module doc): its fingerprint, or else the digest of its content.
+    pub fn check_base(&self) -> Result<()> {
+        let r = self.base_ok.get_or_init(|| {
+            if self.trailer.base_fingerprint != 0
+                && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
+            {
+                return Ok(());
+            }
+            self.full_base_check().map_err(|e| e.reason())
+        });
+        r.clone().map_err(|what| self.integrity(what))
+    }
+
+    /// The xxh3 of the base's whole presented content against the
+    /// recorded digest.
+    fn full_base_check(&self) -> Result<()> {
+        let mut h = Xxh3::new();
+        self.base.stream_here(&mut |b| h.update(b))?;
+        if h.digest() != self.trailer.base_digest {
+            return Err(self.base_error(
+                "content differs from the base this delta was packed against (digest mismatch)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn unit(&self, unit: u32) -> Result<&Unit> {
+        self.units
+            .get(unit as usize)
+            .ok_or_else(|| self.integrity(format!("no unit {unit}")))
+    }
+
+    fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
+        let u = &self.units[unit as usize];
+        let want = &self.trailer.units[unit as usize].blocks;
+        match u.kind {
+            DeltaKind::Copy => {
+                let mut bounds = vec![0u64];
+                for b in want {
+                    let last = *bounds.last().expect("non-empty");
+                    if (b.end <= last && !(b.end == 0 && u.len == 0))
+                        || b.end - last > MAX_COPY_BLOCK
+                    {
+                        return Err(GridError::Integrity("CKD1 block layout is invalid".into()));
+                    }
+                    bounds.push(b.end);
+                }
+                if bounds.len() < 2 || *bounds.last().expect("non-empty") != u.len {
+                    return Err(GridError::Integrity("CKD1 block layout is invalid".into()));
+                }
+                Ok(Arc::new(Grid::plain(bounds)))
+            }
+            DeltaKind::Full | DeltaKind::Delta => {
+                let frame = &self.bytes()[u.frame.clone()];
+                let (grid, meta) = frame_grid(frame, u.len)?;
+                if want.len() != grid.blocks()
+                    || want.iter().zip(&grid.bounds[1..]).any(|(b, &e)| b.end != e)
+                {
+                    return Err(GridError::Integrity(
+                        "block layout differs from the checksum block".into(),
+                    ));
+                }
+                if self.trailer.units[unit as usize].meta_digest != meta {
+                    return Err(GridError::Integrity(
+                        "checksum mismatch in frame headers or tables".into(),
+                    ));
+                }
+                Ok(Arc::new(grid))
+            }
+        }
+    }
+}
+
+impl ArchiveView for DeltaArchive {
+    fn kind(&self) -> Kind {
+        Kind::Delta
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn stored_len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+    fn checksums(&self) -> Option<&'static str> {
+        Some("ckd1")
+    }
+    fn fingerprint(&self) -> Option<u64> {
+        Some(self.fingerprint)
+    }
+    fn base_path(&self) -> Option<&str> {
+        Some(&self.trailer.base_path)
+    }
+    fn files(&self) -> usize {
+        1
+    }
+    fn file_path(&self, _file: usize) -> &str {
+        ""
+    }
+    fn logical_len(&self, _file: usize) -> u64 {
+        self.head.prefix.len() as u64 + self.head.data_len
+    }
+    fn prefix(&self, _file: usize) -> Result<&[u8]> {
+        Ok(&self.bytes()[self.head.prefix.clone()])
+    }
+    fn prefix_len(&self, _file: usize) -> u64 {
+        self.head.prefix.len() as u64
+    }
+    fn segments(&self, _file: usize) -> &[Segment] {
+        &self.segments
+    }
+    fn units(&self) -> usize {
+        self.units.len()
+    }
+    fn unit_name(&self, unit: u32) -> &str {
+        self.records
+            .get(unit as usize)
+            .map_or("<none>", |r| r.name.as_str())
+    }
+    fn unit_label(&self, unit: u32) -> String {
+        format!("tensor {:?}", self.unit_name(unit))
+    }
+    fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
+        let cell = self.units.get(unit as usize).map(|u| &u.grid);
+        shared_grid(self, unit, cell, || self.build_grid(unit))
+    }
+    fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
+        let u = self.unit(key.unit)?;
+        let grid = self.grid(key.unit)?;
+        let b = super::frame_block::block_index(self, key, &grid)?;
+        let digests = &self.trailer.units[key.unit as usize].blocks[b];
+        let span = grid.span(b);
+        let out = match u.kind {
+            DeltaKind::Full => decode_unit_block(
+                self,
+                key,
+                &self.bytes()[u.frame.clone()],
+                Some(digests.payload),
+            )?,
+            DeltaKind::Copy => {
+                self.check_base()?;
+                let mut out = crate::codec::zeroed(span.end - span.start, "a block")
+                    .map_err(|e| self.frame_error(key.unit, e))?;
+                self.base.read_exact(u.base_offset + span.start, &mut out)?;
+                out
+            }
+            DeltaKind::Delta => {
+                self.check_base()?;
+                let mut out = decode_unit_block(
+                    self,
+                    key,
+                    &self.bytes()[u.frame.clone()],
+                    Some(digests.payload),
+                )?;
+                let mut base = crate::codec::zeroed(span.end - span.start, "a block")
+                    .map_err(|e| self.frame_error(key.unit, e))?;
+                self.base
+                    .read_exact(u.base_offset + span.start, &mut base)?;
+                for (o, x) in out.iter_mut().zip(&base) {
+                    *o ^= x;
+                }
+                out
+            }
+        };
+        if xxh3_64(&out) != digests.data {
+            let why = if u.kind == DeltaKind::Full {
+                String::new()
+            } else {
+                format!(
+                    " (the delta or the base {} is damaged, or is not the base packed against)",
+                    self.base.path().display()
+                )
+            };
+            return Err(self.unit_integrity(
+                key.unit,
+                format!("checksum mismatch in the decoded bytes of block {b}{why}"),
+            ));
+        }
+        Ok(out)
+    }
+    fn will_need(&self, unit: u32) {
+        if let Some(u) = self.units.get(unit as usize) {
+            self.map.will_need(u.frame.start as u64..u.frame.end as u64);
+        }
+    }
+    fn check_range(&self, _file: usize, range: Range<u64>) -> Result<()> {
+        // The prefix needs no base; anything else may.
+        if range.end > self.prefix_len(0) && self.units.iter().any(|u| u.kind != DeltaKind::Full) {
+            self.check_base()?;
+        }
+        Ok(())
+    }
+    fn verify_structure(&self) -> Result<()> {
+        // The full content digest, whatever the fingerprint says, and what
+        // z4ai checks: BLAKE2b-8 of the base's data buffer, BLAKE2b-16 of
+        // each DELTA record's base tensor.
+        use blake2::digest::{Update, VariableOutput};
+        let mut x = Xxh3::new();
+        let mut b8 = blake2::Blake2bVar::new(8).expect("length 8");
+        let start = if self.base.len() >= 8 {
+            let mut h8 = [0u8; 8];
+            self.base.read_exact(0, &mut h8)?;
+            8 + u64::from_le_bytes(h8)
+        } else {
+            0
+        };
+        let mut pos = 0u64;
+        self.base.stream(&mut |b| {
+            x.update(b);
+            let lo = start.saturating_sub(pos).min(b.len() as u64) as usize;
+            b8.update(&b[lo..]);
+            pos += b.len() as u64;
+        })?;
+        if x.digest() != self.trailer.base_digest {
+            return Err(self.base_error(
+                "content differs from the base this delta was packed against (digest mismatch)"
+                    .into(),
+            ));
+        }
+        let mut d8 = [0u8; 8];
+        b8.finalize_variable(&mut d8).expect("length 8");
+        if d8 != self.head.base_data_digest {
+            return Err(self.base_error("the Z4DM's BLAKE2b digest of the base differs".into()));
+        }
+        for (r, u) in self.records.iter().zip(&self.units) {
+            if let (DeltaKind::Delta, Some((_, want))) = (r.kind, r.reference) {
+                let mut h = blake2::Blake2bVar::new(16).expect("length 16");
+                let mut pos = 0;
+                let mut buf = vec![0u8; (u.len.min(16 << 20)) as usize];
+                while pos < u.len {
+                    let n = (u.len - pos).min(buf.len() as u64) as usize;
+                    self.base.read_exact(u.base_offset + pos, &mut buf[..n])?;
+                    h.update(&buf[..n]);
+                    pos += n as u64;
+                }
+                let mut d = [0u8; 16];
+                h.finalize_variable(&mut d).expect("length 16");
+                if d != want {
+                    return Err(self.base_error(format!(
+                        "tensor {:?}: the Z4DL's BLAKE2b digest of the base tensor differs",
+                        r.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+    fn verify_unit(&self, unit: u32, _digest: u64) -> Result<()> {
+        let u = self.unit(unit)?;
+        if u.kind != DeltaKind::Copy
+            && xxh3_64(&self.bytes()[u.frame.clone()])
+                != self.trailer.units[unit as usize].frame_digest
+        {
+            return Err(self.unit_integrity(unit, "checksum mismatch in the frame".into()));
+        }
+        Ok(())
+    }
+    fn verify_finish(&self, _unit_digests: &[u64]) -> Result<String> {
+        let (c, d, f) = self.counts();
+        let len = self.logical_len(0);
+        Ok(format!(
+            "delta (chain depth {}) against {}: {} tensors ({c} COPY, {d} DELTA, {f} FULL), {} -> {} bytes, ratio {:.4}, all checksums verified",
+            self.depth(),
+            self.trailer.base_path,
+            self.records.len(),
+            len,
+            self.stored_len(),
+            len as f64 / self.stored_len().max(1) as f64,
+        ))
+    }
+}

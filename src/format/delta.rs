@@ -1,0 +1,498 @@
+//! ckptfs's delta archive (`NAME.z4dm`, doc/FORMAT.md §6): a z4ai `Z4DM`
+//! model delta (z4ai's `model_delta.decompress(blob, base)` reads it)
+//! followed by ckptfs's `CKD1` trailer, which z4ai never reads (its decoder
+//! stops after the last record).
+//!
+//! ```text
+//! Z4DM body (z4ai 0.2.0, spec §7.2):
+//!   "Z4DM" u8 1 ; u64 hlen ; [hlen] target header JSON, verbatim ; u64 data_len
+//!   [8] BLAKE2b-8 of the base's data buffer ; u32 n_records
+//!   n_records × { u16 name_len ; [name] ; u64 begin ; u64 end ; u8 kind
+//!                 kind != COPY: u64 frame_len ; [frame_len] frame }
+//!   kind 0 FULL: a Z4AI frame of the tensor
+//!   kind 1 DELTA: "Z4DL" u8 2 u8 0 u16 0 u64 ref_len [16] BLAKE2b-16(ref)
+//!                 then a Z4AI frame of (target XOR base tensor)
+//!   kind 2 COPY: the base tensor of the same name
+//! CKD1 trailer (ckptfs):
+//!   "CKD1" u16 version=1 u16 flags=0 u32 depth u64 z4dm_len u64 head_digest
+//!   u64 base_len u64 base_digest u64 base_fingerprint
+//!   u16 base_path_len [base_path] u32 n_units
+//!   n_units × { u64 record_offset u64 record_len u64 record_digest
+//!               u64 frame_digest u64 meta_digest u32 n_blocks
+//!               n_blocks × { u64 end u64 payload_digest u64 data_digest } }
+//!   u64 body_digest (xxh3 of the trailer from "CKD1" to here)
+//!   u64 trailer_len "CKD1"
+//! ```
+//!
+//! One unit per record, in record order. A block's `data_digest` is the
+//! xxh3 of the *target* bytes it serves (for DELTA: after the XOR with the
+//! base), so a wrong or damaged base fails the block, never serves wrong
+//! bytes. Pure parsing and rendering; no I/O, no codec.
+
+use super::ckx::BlockDigest;
+use super::cursor::Cursor;
+use std::ops::Range;
+use xxhash_rust::xxh3::xxh3_64;
+
+pub const Z4DM_MAGIC: &[u8; 4] = b"Z4DM";
+pub const Z4DM_VERSION: u8 = 1;
+pub const Z4DL_MAGIC: &[u8; 4] = b"Z4DL";
+pub const Z4DL_VERSION: u8 = 2;
+/// Length of a `Z4DL` header (magic .. reference digest).
+pub const Z4DL_HEADER: usize = 32;
+pub const TRAILER_MAGIC: &[u8; 4] = b"CKD1";
+pub const TRAILER_VERSION: u16 = 1;
+/// The longest chain: a delta whose base is a delta ... at most this many
+/// deltas above one standalone archive. Every level costs one more base
+/// read per block served, so reads of a depth-4 delta decode up to five
+/// blocks; `pack --base` re-bases past it.
+pub const MAX_CHAIN: u32 = 4;
+/// Blocks of a COPY record (plain byte ranges of the base tensor).
+pub const COPY_BLOCK: u64 = 1 << 20;
+/// The base path is at most this long.
+pub const MAX_BASE_PATH: usize = 4096;
+
+const TRAILER_END: usize = 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaKind {
+    Full,
+    Delta,
+    Copy,
+}
+
+impl DeltaKind {
+    pub fn code(self) -> u8 {
+        match self {
+            DeltaKind::Full => 0,
+            DeltaKind::Delta => 1,
+            DeltaKind::Copy => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DeltaKind::Full => "FULL",
+            DeltaKind::Delta => "DELTA",
+            DeltaKind::Copy => "COPY",
+        }
+    }
+}
+
+/// The `Z4DM` head: what precedes the records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// File bytes of the presented prefix (`u64 hlen ‖ header`), verbatim.
+    pub prefix: Range<usize>,
+    pub data_len: u64,
+    pub base_data_digest: [u8; 8],
+    pub n_records: u32,
+    /// Where the first record starts.
+    pub records_start: usize,
+}
+
+/// Renders the `Z4DM` head.
+pub fn render_head(header: &[u8], data_len: u64, base_data_digest: [u8; 8], n: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + 1 + 8 + header.len() + 8 + 8 + 4);
+    v.extend_from_slice(Z4DM_MAGIC);
+    v.push(Z4DM_VERSION);
+    v.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    v.extend_from_slice(header);
+    v.extend_from_slice(&data_len.to_le_bytes());
+    v.extend_from_slice(&base_data_digest);
+    v.extend_from_slice(&n.to_le_bytes());
+    v
+}
+
+/// Parses the `Z4DM` head of `bytes` (the body, up to the trailer).
+pub fn parse_head(bytes: &[u8]) -> Result<Head, String> {
+    let mut c = Cursor::new(bytes);
+    let e = |e: super::error::CodecError| format!("Z4DM head: {e}");
+    if c.take(4, "magic").map_err(e)? != Z4DM_MAGIC {
+        return Err("not a Z4DM model delta".into());
+    }
+    let v = c.u8("version").map_err(e)?;
+    if v != Z4DM_VERSION {
+        return Err(format!("Z4DM version {v} (only 1 is read)"));
+    }
+    let hlen = c.u64("header length").map_err(e)?;
+    c.take(hlen, "header").map_err(e)?;
+    let prefix = 5..c.pos();
+    let data_len = c.u64("data length").map_err(e)?;
+    let base_data_digest = c.take(8, "base digest").map_err(e)?.try_into().unwrap();
+    let n_records = c.u32("record count").map_err(e)?;
+    Ok(Head {
+        prefix,
+        data_len,
+        base_data_digest,
+        n_records,
+        records_start: c.pos(),
+    })
+}
+
+/// A record's fields, parsed in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordHead {
+    pub name: String,
+    pub begin: u64,
+    pub end: u64,
+    pub kind: DeltaKind,
+    /// File bytes of the Z4AI frame (after the Z4DL header for DELTA);
+    /// empty for COPY.
+    pub frame: Range<usize>,
+    /// For DELTA: the Z4DL header's reference length and digest.
+    pub reference: Option<(u64, [u8; 16])>,
+    /// Where the record ends.
+    pub end_offset: usize,
+}
+
+/// Renders a record's bytes before its frame (for DELTA, the Z4DL header
+/// included: `reference` is the base tensor's length and BLAKE2b-16).
+pub fn render_record_head(
+    name: &str,
+    begin: u64,
+    end: u64,
+    kind: DeltaKind,
+    frame_len: u64,
+    reference: Option<(u64, [u8; 16])>,
+) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + name.len() + 17 + 8 + Z4DL_HEADER);
+    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    v.extend_from_slice(name.as_bytes());
+    v.extend_from_slice(&begin.to_le_bytes());
+    v.extend_from_slice(&end.to_le_bytes());
+    v.push(kind.code());
+    match kind {
+        DeltaKind::Copy => {}
+        DeltaKind::Full => v.extend_from_slice(&frame_len.to_le_bytes()),
+        DeltaKind::Delta => {
+            let (ref_len, digest) = reference.unwrap_or_default();
+            v.extend_from_slice(&(frame_len + Z4DL_HEADER as u64).to_le_bytes());
+            v.extend_from_slice(Z4DL_MAGIC);
+            v.push(Z4DL_VERSION);
+            v.push(0);
+            v.extend_from_slice(&0u16.to_le_bytes());
+            v.extend_from_slice(&ref_len.to_le_bytes());
+            v.extend_from_slice(&digest);
+        }
+    }
+    v
+}
+
+/// Parses the record at `offset` of `bytes` (the body).
+pub fn parse_record(bytes: &[u8], offset: usize) -> Result<RecordHead, String> {
+    let at = bytes
+        .get(offset..)
+        .ok_or("record offset outside the file")?;
+    let mut c = Cursor::new(at);
+    let e = |e: super::error::CodecError| format!("record at {offset}: {e}");
+    let n = c.u16("name length").map_err(e)?;
+    let name = std::str::from_utf8(c.take(n as u64, "name").map_err(e)?)
+        .map_err(|_| format!("record at {offset}: name is not UTF-8"))?
+        .to_string();
+    let begin = c.u64("begin").map_err(e)?;
+    let end = c.u64("end").map_err(e)?;
+    let kind = match c.u8("kind").map_err(e)? {
+        0 => DeltaKind::Full,
+        1 => DeltaKind::Delta,
+        2 => DeltaKind::Copy,
+        k => return Err(format!("record {name:?}: unknown kind {k}")),
+    };
+    let mut reference = None;
+    let frame = match kind {
+        DeltaKind::Copy => offset + c.pos()..offset + c.pos(),
+        DeltaKind::Full | DeltaKind::Delta => {
+            let len = c.u64("frame length").map_err(e)?;
+            let start = c.pos();
+            let payload = c.take(len, "frame").map_err(e)?;
+            if kind == DeltaKind::Delta {
+                let mut d = Cursor::new(payload);
+                let h = d
+                    .take(Z4DL_HEADER as u64, "Z4DL header")
+                    .map_err(|x| format!("record {name:?}: {x}"))?;
+                if &h[..4] != Z4DL_MAGIC || h[4] != Z4DL_VERSION {
+                    return Err(format!("record {name:?}: not a Z4DL v2 delta frame"));
+                }
+                let ref_len = u64::from_le_bytes(h[8..16].try_into().unwrap());
+                reference = Some((ref_len, h[16..32].try_into().unwrap()));
+                offset + start + Z4DL_HEADER..offset + start + payload.len()
+            } else {
+                offset + start..offset + start + payload.len()
+            }
+        }
+    };
+    Ok(RecordHead {
+        name,
+        begin,
+        end,
+        kind,
+        frame,
+        reference,
+        end_offset: offset + c.pos(),
+    })
+}
+
+/// One unit's entry in the trailer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitEntry {
+    pub record_offset: u64,
+    pub record_len: u64,
+    /// xxh3 of the record's bytes before its Z4AI frame.
+    pub record_digest: u64,
+    /// xxh3 of the Z4AI frame (0 for COPY).
+    pub frame_digest: u64,
+    /// CKX1's meta digest of the frame (0 for COPY).
+    pub meta_digest: u64,
+    pub blocks: Vec<BlockDigest>,
+}
+
+/// The `CKD1` trailer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trailer {
+    pub flags: u16,
+    /// 1 when the base is standalone, else the base's depth + 1.
+    pub depth: u32,
+    /// Bytes `[0, z4dm_len)` are the Z4DM body; the trailer follows.
+    pub z4dm_len: u64,
+    /// xxh3 of body bytes `[0, records_start)`.
+    pub head_digest: u64,
+    /// Length of the base's presented content.
+    pub base_len: u64,
+    /// xxh3-64 of the base's presented content.
+    pub base_digest: u64,
+    /// The base archive's own checksum identity when packed (0: none);
+    /// see `archive::ArchiveView::fingerprint`.
+    pub base_fingerprint: u64,
+    /// The base's stored path, relative to this archive's directory,
+    /// `/`-separated.
+    pub base_path: String,
+    pub units: Vec<UnitEntry>,
+}
+
+impl Trailer {
+    pub fn render(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(TRAILER_MAGIC);
+        v.extend_from_slice(&TRAILER_VERSION.to_le_bytes());
+        v.extend_from_slice(&self.flags.to_le_bytes());
+        v.extend_from_slice(&self.depth.to_le_bytes());
+        for x in [
+            self.z4dm_len,
+            self.head_digest,
+            self.base_len,
+            self.base_digest,
+            self.base_fingerprint,
+        ] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.extend_from_slice(&(self.base_path.len() as u16).to_le_bytes());
+        v.extend_from_slice(self.base_path.as_bytes());
+        v.extend_from_slice(&(self.units.len() as u32).to_le_bytes());
+        for u in &self.units {
+            for x in [
+                u.record_offset,
+                u.record_len,
+                u.record_digest,
+                u.frame_digest,
+                u.meta_digest,
+            ] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v.extend_from_slice(&(u.blocks.len() as u32).to_le_bytes());
+            for b in &u.blocks {
+                for x in [b.end, b.payload, b.data] {
+                    v.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        let body = xxh3_64(&v);
+        v.extend_from_slice(&body.to_le_bytes());
+        let len = v.len() as u64 + 12;
+        v.extend_from_slice(&len.to_le_bytes());
+        v.extend_from_slice(TRAILER_MAGIC);
+        v
+    }
+
+    /// Finds and parses the trailer at the end of `bytes`. `Ok(None)`: the
+    /// file does not end with one (a z4ai-written `.z4dm`).
+    pub fn find(bytes: &[u8]) -> Result<Option<Trailer>, String> {
+        if bytes.len() < TRAILER_END || &bytes[bytes.len() - 4..] != TRAILER_MAGIC {
+            return Ok(None);
+        }
+        let n = bytes.len();
+        let len = u64::from_le_bytes(bytes[n - 12..n - 4].try_into().unwrap());
+        if len > n as u64 || len < TRAILER_END as u64 {
+            return Err(format!(
+                "CKD1 trailer length {len} does not fit a {n}-byte file"
+            ));
+        }
+        let start = n - len as usize;
+        let t = &bytes[start..n - 12];
+        let body = u64::from_le_bytes(t[t.len() - 8..].try_into().unwrap());
+        let t = &t[..t.len() - 8];
+        if xxh3_64(t) != body {
+            return Err("checksum mismatch in the CKD1 trailer".into());
+        }
+        let mut c = Cursor::new(t);
+        let e = |e: super::error::CodecError| format!("CKD1 trailer: {e}");
+        c.take(4, "magic").map_err(e)?;
+        let version = c.u16("version").map_err(e)?;
+        if version != TRAILER_VERSION {
+            return Err(format!("CKD1 trailer version {version} (only 1 is read)"));
+        }
+        let flags = c.u16("flags").map_err(e)?;
+        let depth = c.u32("depth").map_err(e)?;
+        let z4dm_len = c.u64("body length").map_err(e)?;
+        let head_digest = c.u64("head digest").map_err(e)?;
+        let base_len = c.u64("base length").map_err(e)?;
+        let base_digest = c.u64("base digest").map_err(e)?;
+        let base_fingerprint = c.u64("base fingerprint").map_err(e)?;
+        let pl = c.u16("base path length").map_err(e)?;
+        let base_path = std::str::from_utf8(c.take(pl as u64, "base path").map_err(e)?)
+            .map_err(|_| "CKD1 trailer: base path is not UTF-8".to_string())?
+            .to_string();
+        let n_units = c.u32("unit count").map_err(e)?;
+        // Each unit takes at least 44 bytes: no allocation beyond the file.
+        if n_units as u64 * 44 > c.remaining() as u64 {
+            return Err(format!("CKD1 trailer: {n_units} units do not fit"));
+        }
+        let mut units = Vec::with_capacity(n_units as usize);
+        for _ in 0..n_units {
+            let record_offset = c.u64("record offset").map_err(e)?;
+            let record_len = c.u64("record length").map_err(e)?;
+            let record_digest = c.u64("record digest").map_err(e)?;
+            let frame_digest = c.u64("frame digest").map_err(e)?;
+            let meta_digest = c.u64("meta digest").map_err(e)?;
+            let nb = c.u32("block count").map_err(e)?;
+            if nb as u64 * 24 > c.remaining() as u64 {
+                return Err(format!("CKD1 trailer: {nb} blocks do not fit"));
+            }
+            let mut blocks = Vec::with_capacity(nb as usize);
+            for _ in 0..nb {
+                blocks.push(BlockDigest {
+                    end: c.u64("block end").map_err(e)?,
+                    payload: c.u64("payload digest").map_err(e)?,
+                    data: c.u64("data digest").map_err(e)?,
+                });
+            }
+            units.push(UnitEntry {
+                record_offset,
+                record_len,
+                record_digest,
+                frame_digest,
+                meta_digest,
+                blocks,
+            });
+        }
+        if c.remaining() != 0 {
+            return Err("CKD1 trailer: bytes left over".into());
+        }
+        if z4dm_len != start as u64 {
+            return Err(format!(
+                "CKD1 trailer: the Z4DM body is {z4dm_len} bytes, the trailer starts at {start}"
+            ));
+        }
+        Ok(Some(Trailer {
+            flags,
+            depth,
+            z4dm_len,
+            head_digest,
+            base_len,
+            base_digest,
+            base_fingerprint,
+            base_path,
+            units,
+        }))
+    }
+}
+
+/// Checks a recorded base path: relative, `/`-separated, not empty, no
+/// empty or `.` component, no NUL, at most [`MAX_BASE_PATH`] bytes (`..`
+/// components are allowed: a sibling directory's checkpoint; whoever opens
+/// it keeps it inside its store).
+pub fn check_base_path(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.len() > MAX_BASE_PATH || p.starts_with('/') || p.contains('\0') {
+        return Err(format!("base path {p:?} is not a relative path"));
+    }
+    if p.split('/').any(|c| c.is_empty() || c == ".") {
+        return Err(format!("base path {p:?} has an empty or '.' component"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailer_round_trips_and_detects_damage() {
+        let t = Trailer {
+            flags: 0,
+            depth: 2,
+            z4dm_len: 0,
+            head_digest: 1,
+            base_len: 2,
+            base_digest: 3,
+            base_fingerprint: 4,
+            base_path: "../a/b.zstn".into(),
+            units: vec![UnitEntry {
+                record_offset: 5,
+                record_len: 6,
+                record_digest: 7,
+                frame_digest: 8,
+                meta_digest: 9,
+                blocks: vec![BlockDigest {
+                    end: 10,
+                    payload: 11,
+                    data: 12,
+                }],
+            }],
+        };
+        let b = t.render();
+        assert_eq!(Trailer::find(&b).unwrap(), Some(t));
+        for i in 0..b.len() - 4 {
+            let mut d = b.clone();
+            d[i] ^= 1;
+            assert!(Trailer::find(&d).is_err(), "flip at {i} accepted");
+        }
+        assert_eq!(Trailer::find(b"Z4DM").unwrap(), None);
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut f = render_head(b"{}", 10, [7; 8], 3);
+        let start = f.len();
+        let mut ends = vec![];
+        for (k, n) in [
+            (DeltaKind::Copy, 0),
+            (DeltaKind::Full, 3),
+            (DeltaKind::Delta, 4),
+        ] {
+            let r = Some((4u64, [9u8; 16])).filter(|_| k == DeltaKind::Delta);
+            f.extend(render_record_head("t", 0, 4, k, n, r));
+            f.extend(std::iter::repeat_n(0xAA, n as usize));
+            ends.push(f.len());
+        }
+        let h = parse_head(&f).unwrap();
+        assert_eq!((h.records_start, h.data_len, h.n_records), (start, 10, 3));
+        let mut at = start;
+        for (i, k) in [DeltaKind::Copy, DeltaKind::Full, DeltaKind::Delta]
+            .into_iter()
+            .enumerate()
+        {
+            let r = parse_record(&f, at).unwrap();
+            assert_eq!(r.kind, k);
+            assert_eq!(r.end_offset, ends[i]);
+            assert!(f[r.frame.clone()].iter().all(|&b| b == 0xAA));
+            at = r.end_offset;
+        }
+        assert!(parse_record(&f, f.len() - 3).is_err());
+    }
+
+    #[test]
+    fn base_paths() {
+        assert!(check_base_path("../step-900/model.zstn").is_ok());
+        for bad in ["", "/abs", "a//b", "./a", "a\0b"] {
+            assert!(check_base_path(bad).is_err(), "{bad:?}");
+        }
+    }
+}

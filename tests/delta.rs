@@ -1,0 +1,324 @@
+//! ckptfs's delta archives (`.z4dm`, doc/FORMAT.md §6) through the CLI:
+//! `pack --base` against a `.safetensors`, a `.zstn` and a delta, exact
+//! through `unpack` and through z4ai's own `model_delta.decompress`;
+//! chains re-based at the depth limit; `pack --standalone`; `verify STORE`;
+//! a missing, different or damaged base and a damaged delta give a clean
+//! error, never wrong bytes.
+
+mod common;
+
+use common::{ckptfs, delta_pair, venv_python};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ok(args: &[&str]) -> String {
+    let o = ckptfs(args);
+    assert!(
+        o.status.success(),
+        "ckptfs {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = ckptfs(args);
+    assert_eq!(o.status.code(), Some(1), "ckptfs {args:?} should fail");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A directory with base.safetensors, base.zstn and target.safetensors.
+fn setup(n: usize, scale: usize) -> (tempfile::TempDir, Vec<u8>) {
+    let d = tempfile::tempdir().unwrap();
+    let (base, target) = delta_pair(7, n, scale);
+    std::fs::write(d.path().join("base.safetensors"), &base).unwrap();
+    std::fs::write(d.path().join("target.safetensors"), &target).unwrap();
+    ok(&[
+        "pack",
+        s(&d.path().join("base.safetensors")),
+        "-o",
+        s(&d.path().join("base.zstn")),
+    ]);
+    (d, target)
+}
+
+fn unpack(delta: &Path) -> Vec<u8> {
+    let out = delta.with_extension("out");
+    ok(&["unpack", s(delta), "-o", s(&out), "--force"]);
+    std::fs::read(out).unwrap()
+}
+
+fn z4ai_decodes(delta: &Path, base: &Path, target: &Path) {
+    let o = Command::new(venv_python())
+        .arg("-c")
+        .arg(
+            "import sys\nfrom z4ai import model_delta\n\
+             b = open(sys.argv[1],'rb').read(); base = open(sys.argv[2],'rb').read()\n\
+             out = model_delta.decompress(b, base)\n\
+             assert out == open(sys.argv[3],'rb').read(), 'z4ai decoded other bytes'\n",
+        )
+        .args([delta, base, target])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "z4ai: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_delta_against_a_zstn_or_a_safetensors_unpacks_exact_and_z4ai_reads_it() {
+    let (d, target) = setup(6, 1 << 19);
+    let p = |n: &str| d.path().join(n);
+    let standalone = p("target.zstn");
+    ok(&["pack", s(&p("target.safetensors")), "-o", s(&standalone)]);
+    for base in ["base.zstn", "base.safetensors"] {
+        let out = p(&format!("t-{base}.z4dm"));
+        let msg = ok(&[
+            "pack",
+            s(&p("target.safetensors")),
+            "--base",
+            s(&p(base)),
+            "-o",
+            s(&out),
+        ]);
+        assert!(msg.contains("DELTA") && msg.contains("COPY"), "{msg}");
+        assert_eq!(unpack(&out), target, "against {base}");
+        let v = ok(&["verify", s(&out)]);
+        assert!(v.contains("OK") && v.contains(base), "{v}");
+        // Unchanged tensors cost nothing: far below the standalone archive.
+        let (dl, sl) = (
+            std::fs::metadata(&out).unwrap().len(),
+            std::fs::metadata(&standalone).unwrap().len(),
+        );
+        assert!(dl * 2 < sl, "delta {dl} vs standalone {sl}");
+        // z4ai decodes it with the base's presented bytes.
+        z4ai_decodes(&out, &p("base.safetensors"), &p("target.safetensors"));
+    }
+}
+
+#[test]
+fn an_identical_reupload_costs_almost_nothing() {
+    let (d, _) = setup(4, 1 << 18);
+    let p = |n: &str| d.path().join(n);
+    let out = p("same.z4dm");
+    let msg = ok(&[
+        "pack",
+        s(&p("base.safetensors")),
+        "--base",
+        s(&p("base.zstn")),
+        "-o",
+        s(&out),
+    ]);
+    assert!(msg.contains("0 DELTA, 0 FULL"), "{msg}");
+    let len = std::fs::metadata(&out).unwrap().len();
+    assert!(len < 4096, "{len} bytes");
+    assert_eq!(unpack(&out), std::fs::read(p("base.safetensors")).unwrap());
+    z4ai_decodes(&out, &p("base.safetensors"), &p("base.safetensors"));
+}
+
+#[test]
+fn chains_are_bounded_and_pack_rebases_past_the_limit() {
+    let (d, target) = setup(3, 1 << 16);
+    let p = |n: &str| d.path().join(n);
+    // base.zstn <- c1 <- c2 <- c3 <- c4 (depth 4, the limit).
+    let mut prev = p("base.zstn");
+    for i in 1..=4 {
+        let out = p(&format!("c{i}.z4dm"));
+        let msg = ok(&[
+            "pack",
+            s(&p("target.safetensors")),
+            "--base",
+            s(&prev),
+            "-o",
+            s(&out),
+        ]);
+        assert!(msg.contains(&format!("chain depth {i}")), "{msg}");
+        assert_eq!(unpack(&out), target);
+        prev = out;
+    }
+    // A fifth would be depth 5: packed against c4's base (c3) instead.
+    let msg = ok(&[
+        "pack",
+        s(&p("target.safetensors")),
+        "--base",
+        s(&prev),
+        "-o",
+        s(&p("c5.z4dm")),
+    ]);
+    assert!(
+        msg.contains("re-basing") && msg.contains("chain depth 4"),
+        "{msg}"
+    );
+    assert_eq!(unpack(&p("c5.z4dm")), target);
+    let v = ok(&["verify", s(d.path())]);
+    assert!(v.contains("5 delta relations checked, 0 failed"), "{v}");
+    assert!(
+        v.contains("c5.z4dm: based on c3.z4dm (chain depth 4)"),
+        "{v}"
+    );
+    // pack --standalone turns the deepest into a plain .zstn.
+    ok(&[
+        "pack",
+        "--standalone",
+        s(&p("c4.z4dm")),
+        "-o",
+        s(&p("c4.zstn")),
+    ]);
+    std::fs::remove_file(p("base.zstn")).unwrap();
+    assert_eq!(unpack(&p("c4.zstn")), target);
+}
+
+#[test]
+fn a_missing_or_different_base_is_one_line_naming_both_files() {
+    let (d, _) = setup(3, 1 << 16);
+    let p = |n: &str| d.path().join(n);
+    let delta = p("t.z4dm");
+    ok(&[
+        "pack",
+        s(&p("target.safetensors")),
+        "--base",
+        s(&p("base.zstn")),
+        "-o",
+        s(&delta),
+    ]);
+    std::fs::rename(p("base.zstn"), p("moved.zstn")).unwrap();
+    let e = fails(&["unpack", s(&delta), "-o", s(&p("x.safetensors"))]);
+    assert!(e.contains("t.z4dm") && e.contains("base.zstn"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(!p("x.safetensors").exists());
+    // Another checkpoint with the same tensors in the base's place: its
+    // digest differs, so nothing is served.
+    let (other, _) = delta_pair(99, 3, 1 << 16);
+    std::fs::write(p("other.safetensors"), &other).unwrap();
+    ok(&["pack", s(&p("other.safetensors")), "-o", s(&p("base.zstn"))]);
+    let e = fails(&["unpack", s(&delta), "-o", s(&p("x.safetensors"))]);
+    assert!(
+        e.contains("t.z4dm") && e.contains("base.zstn") && e.contains("digest"),
+        "{e}"
+    );
+    assert!(!p("x.safetensors").exists());
+    let v = fails(&["verify", s(d.path())]);
+    assert!(v.contains("FAIL") && v.contains("1 failed"), "{v}");
+    // A plain .safetensors base changed in one byte of a COPY tensor.
+    let delta2 = p("t2.z4dm");
+    let mut base = std::fs::read(p("other.safetensors")).unwrap();
+    std::fs::write(p("b2.safetensors"), &base).unwrap();
+    ok(&[
+        "pack",
+        s(&p("other.safetensors")),
+        "--base",
+        s(&p("b2.safetensors")),
+        "-o",
+        s(&delta2),
+    ]);
+    let n = base.len();
+    base[n - 1000] ^= 1;
+    std::fs::write(p("b2.safetensors"), &base).unwrap();
+    let e = fails(&["unpack", s(&delta2), "-o", s(&p("y.safetensors"))]);
+    assert!(e.contains("b2.safetensors") && e.contains("digest"), "{e}");
+}
+
+#[test]
+fn a_z4ai_written_z4dm_is_named_and_refused() {
+    let (d, _) = setup(2, 1 << 12);
+    let p = |n: &str| d.path().join(n);
+    let o = Command::new(venv_python())
+        .arg("-c")
+        .arg(
+            "import sys\nfrom z4ai import model_delta\n\
+             open(sys.argv[3],'wb').write(model_delta.compress(open(sys.argv[1],'rb').read(), open(sys.argv[2],'rb').read()))\n",
+        )
+        .args([p("target.safetensors"), p("base.safetensors"), p("z.z4dm")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The CLI asks for its base (z4ai deltas are read with --base); the
+    // archive layer (the mount) names it and refuses it.
+    let e = fails(&["verify", s(&p("z.z4dm"))]);
+    assert!(e.contains("--base"), "{e}");
+    let e = ckptfs::archive::open(&p("z.z4dm")).err().expect("refused");
+    assert!(
+        e.to_string().contains("without ckptfs's CKD1 trailer"),
+        "{e}"
+    );
+}
+
+/// Every damaged copy of a delta either fails to open or read, or reads
+/// exactly the target: never other bytes.
+#[test]
+fn a_damaged_delta_never_serves_wrong_bytes() {
+    let (d, target) = setup(3, 1 << 13);
+    let p = |n: &str| d.path().join(n);
+    let delta = p("t.z4dm");
+    ok(&[
+        "pack",
+        s(&p("target.safetensors")),
+        "--base",
+        s(&p("base.zstn")),
+        "-o",
+        s(&delta),
+    ]);
+    let bytes = std::fs::read(&delta).unwrap();
+    let at: PathBuf = p("damaged.z4dm");
+    let mut detected = 0;
+    let step = (bytes.len() / 1500).max(1);
+    for i in (0..bytes.len()).step_by(step) {
+        let mut b = bytes.clone();
+        b[i] ^= 0x10;
+        match ckptfs::archive::from_bytes(b, &at) {
+            Err(_) => detected += 1,
+            Ok(a) => {
+                let mut out = Vec::new();
+                match ckptfs::archive::write_to(&*a, 0, &mut out, &|_| {}) {
+                    Err(_) => detected += 1,
+                    Ok(()) => assert_eq!(out, target, "flip at {i} served wrong bytes"),
+                }
+            }
+        }
+    }
+    assert!(detected > 0);
+}
+
+/// A damaged base archive: reads that need the damaged block fail.
+#[test]
+fn a_damaged_base_never_serves_wrong_bytes() {
+    let (d, target) = setup(3, 1 << 13);
+    let p = |n: &str| d.path().join(n);
+    let delta = p("t.z4dm");
+    ok(&[
+        "pack",
+        s(&p("target.safetensors")),
+        "--base",
+        s(&p("base.zstn")),
+        "-o",
+        s(&delta),
+    ]);
+    let base = std::fs::read(p("base.zstn")).unwrap();
+    let step = (base.len() / 300).max(1);
+    for i in (0..base.len()).step_by(step) {
+        let mut b = base.clone();
+        b[i] ^= 0x10;
+        std::fs::write(p("base.zstn"), &b).unwrap();
+        if let Ok(a) = ckptfs::archive::open(&delta) {
+            let mut out = Vec::new();
+            if ckptfs::archive::write_to(&*a, 0, &mut out, &|_| {}).is_ok() {
+                assert_eq!(out, target, "base flip at {i} served wrong bytes");
+            }
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Delta archives through a real mount (issue 14): `X.z4dm` appears as the
+//! full `X.safetensors`, byte-identical through read, mmap, O_DIRECT at
+//! random offsets and safetensors' `safe_open`; `du` counts its own stored
+//! bytes; `user.ckptfs.base` names the base. A missing or swapped base
+//! gives EIO for that file and a log line naming both files, while every
+//! other file keeps working.
+//!
+//! Needs root and /dev/fuse, as the other mount tests.
+
+mod common;
+
+use common::{ckptfs, delta_pair, Aligned, Mount, Rng};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+fn run(args: &[&std::ffi::OsStr]) {
+    let o = std::process::Command::new(common::bin())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// STORE: s1/model.zstn (the base), s2/model.z4dm (a delta of it),
+/// s3/model.z4dm (a delta of s2's: a chain), other.zstn (unrelated).
+/// Returns the target bytes.
+fn fill(store: &Path, src: &Path) -> Vec<u8> {
+    let (base, target) = delta_pair(11, 6, 1 << 19);
+    std::fs::write(src.join("base.safetensors"), &base).unwrap();
+    std::fs::write(src.join("target.safetensors"), &target).unwrap();
+    for d in ["s1", "s2", "s3"] {
+        std::fs::create_dir(store.join(d)).unwrap();
+    }
+    let o = |p: &Path| p.as_os_str().to_owned();
+    run(&[
+        "pack".as_ref(),
+        &o(&src.join("base.safetensors")),
+        "-o".as_ref(),
+        &o(&store.join("s1/model.zstn")),
+    ]);
+    run(&[
+        "pack".as_ref(),
+        &o(&src.join("target.safetensors")),
+        "--base".as_ref(),
+        &o(&store.join("s1/model.zstn")),
+        "-o".as_ref(),
+        &o(&store.join("s2/model.z4dm")),
+    ]);
+    run(&[
+        "pack".as_ref(),
+        &o(&src.join("target.safetensors")),
+        "--base".as_ref(),
+        &o(&store.join("s2/model.z4dm")),
+        "-o".as_ref(),
+        &o(&store.join("s3/model.z4dm")),
+    ]);
+    run(&[
+        "pack".as_ref(),
+        &o(&src.join("base.safetensors")),
+        "-o".as_ref(),
+        &o(&store.join("other.zstn")),
+    ]);
+    target
+}
+
+fn getxattr(p: &Path, name: &str) -> Option<String> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated path and name; `buf` writable for its length.
+    let r = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+}
+
+#[test]
+fn a_delta_reads_as_the_full_file_every_way() {
+    let src = tempfile::tempdir().unwrap();
+    let mut target = Vec::new();
+    let m = Mount::new(|s| target = fill(s, src.path()), &["--read-only"]);
+    for name in ["s2/model.safetensors", "s3/model.safetensors"] {
+        let p = m.path(name);
+        assert_eq!(std::fs::read(&p).unwrap(), target, "{name}: read");
+        let st = std::fs::metadata(&p).unwrap();
+        assert_eq!(st.len(), target.len() as u64);
+        let backing =
+            std::fs::metadata(m.store.join(name.replace(".safetensors", ".z4dm"))).unwrap();
+        assert_eq!(
+            st.blocks(),
+            backing.blocks(),
+            "{name}: du counts the delta's own bytes"
+        );
+        let f = std::fs::File::open(&p).unwrap();
+        // SAFETY: read-only map of a file nobody truncates during the test.
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        assert!(map[..] == target[..], "{name}: mmap");
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+            .unwrap();
+        let mut rng = Rng(5);
+        let mut buf = Aligned::new(8192);
+        for _ in 0..64 {
+            let off = rng.below(target.len() as u64 / 4096) * 4096;
+            let n = fd.read_at(buf.as_mut(), off).unwrap();
+            let want = &target[off as usize..(off as usize + 8192).min(target.len())];
+            assert_eq!(&buf.as_mut()[..n], want, "{name}: O_DIRECT at {off}");
+        }
+    }
+    assert_eq!(
+        getxattr(&m.path("s2/model.safetensors"), "user.ckptfs.base").as_deref(),
+        Some("../s1/model.zstn")
+    );
+    assert_eq!(
+        getxattr(&m.path("s3/model.safetensors"), "user.ckptfs.base").as_deref(),
+        Some("../s2/model.z4dm")
+    );
+    assert_eq!(
+        getxattr(&m.path("s2/model.safetensors"), "user.ckptfs.format").as_deref(),
+        Some("ckptfs-delta-v1")
+    );
+    // safetensors' safe_open loads every tensor exactly.
+    let out = std::process::Command::new(common::venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_safetensors_check.py"))
+        .arg(m.path("s2/model.safetensors"))
+        .arg(src.path().join("target.safetensors"))
+        .arg(m.path("s3/model.safetensors"))
+        .arg(src.path().join("target.safetensors"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // verify STORE checks both relations.
+    let v = ckptfs(&["verify", m.store.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        v.status.success() && text.contains("2 delta relations checked, 0 failed"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_missing_or_swapped_base_is_eio_for_that_file_only() {
+    let src = tempfile::tempdir().unwrap();
+    let mut target = Vec::new();
+    let m = Mount::new(
+        |s| {
+            target = fill(s, src.path());
+            // Swap s2's base for another checkpoint of the same tensors
+            // (s3, a delta of s2, then fails as well).
+            let (other, _) = delta_pair(12, 6, 1 << 19);
+            std::fs::write(src.path().join("other.safetensors"), other).unwrap();
+            let o = |p: &Path| p.as_os_str().to_owned();
+            run(&[
+                "pack".as_ref(),
+                &o(&src.path().join("other.safetensors")),
+                "-o".as_ref(),
+                &o(&s.join("s1/model.zstn")),
+                "--force".as_ref(),
+            ]);
+        },
+        &["--read-only"],
+    );
+    for name in ["s2/model.safetensors", "s3/model.safetensors"] {
+        let e = std::fs::read(m.path(name)).expect_err(name);
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{name}: {e}");
+    }
+    let log = m.log_text();
+    assert!(
+        log.contains("s2/model.z4dm") && log.contains("s1/model.zstn") && log.contains("digest"),
+        "{log}"
+    );
+    // Other files keep working.
+    assert_eq!(
+        std::fs::read(m.path("other.safetensors")).unwrap(),
+        std::fs::read(src.path().join("base.safetensors")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(m.path("s1/model.safetensors")).unwrap(),
+        std::fs::read(src.path().join("other.safetensors")).unwrap()
+    );
+}
+
+#[test]
+fn a_missing_base_is_eio_and_the_file_is_still_listed() {
+    let src = tempfile::tempdir().unwrap();
+    let m = Mount::new(
+        |s| {
+            fill(s, src.path());
+            // The base disappears.
+            std::fs::remove_file(s.join("s1/model.zstn")).unwrap();
+        },
+        &["--read-only"],
+    );
+    let e = std::fs::read(m.path("s2/model.safetensors")).expect_err("no base");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    let log = m.log_text();
+    assert!(
+        log.contains("s2/model.z4dm") && log.contains("s1/model.zstn"),
+        "{log}"
+    );
+    // Listed with its stored size; the unrelated archive reads.
+    assert!(std::fs::metadata(m.path("s2/model.safetensors")).is_ok());
+    assert_eq!(
+        std::fs::read(m.path("other.safetensors")).unwrap(),
+        std::fs::read(src.path().join("base.safetensors")).unwrap()
+    );
+}
