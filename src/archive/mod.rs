@@ -141,6 +141,9 @@ pub enum Kind {
     Blz,
     /// BLAZE-X's `.blz` (`"BLAZXPK\n"`), written by the `blazex` tool.
     Blazex,
+    /// Not a file: the mount's GGUF view of a model
+    /// (`crate::export::gguf_view`), never detected from bytes.
+    GgufView,
 }
 
 impl Kind {
@@ -163,6 +166,7 @@ impl Kind {
             Kind::Zstn => "zstn-v3",
             Kind::Blz => "ckptfs-blz-v1",
             Kind::Blazex => "blazex-blz-v1",
+            Kind::GgufView => "gguf-v3-view",
         }
     }
 }
@@ -358,7 +362,7 @@ fn from_backing(backing: Backing, head: &[u8], path: &Path) -> Result<Arc<dyn Ar
                 unsupported_kind(head).unwrap_or_default()
             ),
         }),
-        None => Err(ArchiveError::Unrecognised {
+        Some(Kind::GgufView) | None => Err(ArchiveError::Unrecognised {
             path: path.to_path_buf(),
             what: format!(
                 "not a .blz archive (ckptfs's or BLAZE-X's) or ZSTN archive (magic {:?})",

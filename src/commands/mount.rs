@@ -211,6 +211,9 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
     if let Some(l) = &a.log_level {
         cmd.arg("--log-level").arg(l);
     }
+    if let Some(c) = a.gguf {
+        cmd.arg("--gguf").arg(super::export::cast_of(c).name());
+    }
     cmd.stdin(std::process::Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -339,6 +342,10 @@ fn foreground(
         allow_other: a.allow_other,
     })
     .with_context(|| store.display().to_string())?;
+    let fs = match a.gguf {
+        Some(c) => fs.with_gguf(super::export::cast_of(c)),
+        None => fs,
+    };
     let fs = std::sync::Arc::new(fs);
     // Modes of created files arrive with the caller's umask applied; the
     // daemon's own must not apply twice.
