@@ -5,7 +5,8 @@
 //! (llama-cpp-python, built by scripts/setup-test-env.sh), tokenizes a
 //! prompt to the Hugging Face tokenizer's ids and gives transformers'
 //! logits within each cast's tolerance (tests/llama_check.py says why
-//! each tolerance is what it is).
+//! each tolerance is what it is). Its q4_k, q8_0 and q4_0 tensors are
+//! byte-identical to llama.cpp's own quantiser's.
 
 mod common;
 
@@ -91,5 +92,37 @@ fn llama_cpp_loads_the_export_and_matches_transformers() {
         );
         let report = script("llama_check.py", &[s(&dir), s(&out), cast]);
         eprintln!("{}", report.trim());
+    }
+}
+
+/// q4_k, q8_0 and q4_0 tensors are byte-identical to what llama.cpp's own
+/// quantiser (llama_model_quantize, pure, no importance matrix) makes of
+/// the f32 export (hidden 256, so every matrix holds whole q4_k
+/// super-blocks).
+#[test]
+fn quantised_tensors_equal_llama_cpps_quantiser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama256");
+    script("make_tiny_llama.py", &[s(&dir), "f32", "1", "256", "0.02"]);
+    let export = |cast: &str| {
+        let out = tmp.path().join(format!("{cast}.gguf"));
+        let r = ckptfs(&[
+            "export",
+            s(&dir),
+            "-o",
+            s(&out),
+            "--to",
+            "gguf",
+            "--cast",
+            cast,
+        ]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        out
+    };
+    let f32 = export("f32");
+    for cast in ["q4_k", "q8_0", "q4_0"] {
+        let q = export(cast);
+        let n = script("quant_check.py", &[s(&f32), s(&q), cast, s(tmp.path())]);
+        assert_eq!(n.trim(), "16", "{cast}: tensors compared");
     }
 }
