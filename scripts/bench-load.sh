@@ -4,7 +4,8 @@
 #   1. scripts/bench_load.py: cold safe_open (numpy, torch), AutoModel, two
 #      processes, dd cold/warm, daemon CPU-seconds per GB;
 #   2. scripts/bench-codec.sh at 1 and 2 threads (ckptfs vs ZipNN 0.5.4, zstd, z4ai);
-#   3. scripts/bench-decode.sh (ckptfs unpack vs z4ai's decoder on a z4ai file).
+#   3. scripts/bench_files.py: ckptfs pack/unpack as processes, file to file, vs ZipNN;
+#   4. scripts/bench-decode.sh (ckptfs unpack vs z4ai's decoder on a z4ai file).
 # Medians of RUNS runs (default 3). Needs root (drop_caches, mounts).
 # Usage: scripts/bench-load.sh [WORKDIR]   (default /tmp/ckptfs-bench-load)
 # CKPTFS_BIN=PATH measures another build of ckptfs (e.g. before a change);
@@ -23,5 +24,9 @@ for t in 1 2; do
   echo "## Codec, $t thread(s)"
   THREADS=$t bash scripts/bench-codec.sh "$W/codec"
 done
+echo "## File to file: ckptfs pack/unpack processes against ZipNN"
+.venv/bin/python scripts/bench_files.py "$BIN" "$W/codec/minilm-bf16.safetensors" \
+  "$W/codec/minilm-fp16.safetensors" "$W/codec/minilm-fp32.safetensors" \
+  "$W/codec/llama-bf16.safetensors" --runs "${RUNS:-3}" --threads 2
 echo "## z4ai-written .zstn"
 bash scripts/bench-decode.sh "$W/codec"

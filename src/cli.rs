@@ -86,6 +86,18 @@ pub struct DiffArgs {
     /// Replace an existing output.
     #[arg(short, long)]
     pub force: bool,
+    /// Blob encodings: `open` (a patch blazex's apply accepts), `ckptfs`
+    /// (also ckptfs's codec wherever it is smaller; only ckptfs applies it),
+    /// `auto` (ckptfs when TARGET is a ckptfs .blz, else open).
+    #[arg(long, value_enum, default_value_t = PatchEncodings::Auto)]
+    pub encodings: PatchEncodings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PatchEncodings {
+    Auto,
+    Open,
+    Ckptfs,
 }
 
 #[derive(Debug, clap::Args)]

@@ -5,9 +5,17 @@
 //! refused. Encoding uses the open ones only, choosing as blazex does
 //! except that F16/BF16 get FullXor where blazex uses SplitStream.
 //!
+//! ckptfs adds two encodings of its own (doc/FORMAT.md §5), which blazex
+//! does not read and which `diff` writes only when asked to (or by default
+//! when the target is a ckptfs `.blz`), for the blobs they make smaller:
+//! CkptfsXor (0x80), a z4ai frame of ckptfs's codec holding the XOR of the
+//! base and target tensors, and CkptfsFrame (0x81), one holding the target
+//! tensor alone.
+//!
 //! Decoded sizes are known before anything is allocated: the zstd frame's
 //! content size must be present and within the length the result must
-//! have, and allocations are fallible.
+//! have, a ckptfs frame's decoded length must equal it, and allocations are
+//! fallible.
 
 use crate::format::blazex::Dtype;
 
@@ -24,6 +32,19 @@ pub enum Encoding {
     FullXor = 3,
     SplitStream = 4,
     ZstdOnly = 5,
+    /// ckptfs: a z4ai frame (ckptfs's codec) of base XOR target.
+    CkptfsXor = 0x80,
+    /// ckptfs: a z4ai frame (ckptfs's codec) of the target.
+    CkptfsFrame = 0x81,
+}
+
+/// Which encodings [`encode_modified`] and [`encode_added`] may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encodings {
+    /// blazex's open encodings only (a patch blazex's `apply` accepts).
+    Open,
+    /// The open ones and ckptfs's, whichever blob is smallest.
+    Ckptfs,
 }
 
 impl Encoding {
@@ -35,6 +56,8 @@ impl Encoding {
             3 => Encoding::FullXor,
             4 => Encoding::SplitStream,
             5 => Encoding::ZstdOnly,
+            0x80 => Encoding::CkptfsXor,
+            0x81 => Encoding::CkptfsFrame,
             _ => return None,
         })
     }
@@ -46,6 +69,8 @@ impl Encoding {
             Encoding::FullXor => "FullXor",
             Encoding::SplitStream => "SplitStream",
             Encoding::ZstdOnly => "ZstdOnly",
+            Encoding::CkptfsXor => "CkptfsXor",
+            Encoding::CkptfsFrame => "CkptfsFrame",
         }
     }
 }
@@ -71,7 +96,38 @@ fn zstd(data: &[u8]) -> Vec<u8> {
 }
 
 /// A modified tensor's blob (base and target of the same dtype).
-pub fn encode_modified(base: &[u8], target: &[u8], dtype: Dtype) -> Vec<u8> {
+pub fn encode_modified(base: &[u8], target: &[u8], dtype: Dtype, allowed: Encodings) -> Vec<u8> {
+    let open = encode_modified_open(base, target, dtype);
+    if allowed == Encodings::Open || base.len() != target.len() {
+        return open;
+    }
+    let x: Vec<u8> = base.iter().zip(target).map(|(a, b)| a ^ b).collect();
+    smallest(open, ckptfs_frame(Encoding::CkptfsXor, &x, dtype))
+}
+
+/// `b` when it is smaller than `a`.
+fn smallest(a: Vec<u8>, b: Vec<u8>) -> Vec<u8> {
+    if b.len() < a.len() {
+        b
+    } else {
+        a
+    }
+}
+
+/// A blob of encoding `e` holding `data` as a frame of ckptfs's codec.
+fn ckptfs_frame(e: Encoding, data: &[u8], dtype: Dtype) -> Vec<u8> {
+    use crate::format::safetensors::Dtype as St;
+    let st = match dtype {
+        Dtype::F32 => Some(St::F32),
+        Dtype::F16 => Some(St::F16),
+        Dtype::Bf16 => Some(St::BF16),
+        _ => None,
+    };
+    let frame = crate::pack::tensor::encode_tensor(st, data, crate::pack::PackOptions::default());
+    wrap(e, &frame)
+}
+
+fn encode_modified_open(base: &[u8], target: &[u8], dtype: Dtype) -> Vec<u8> {
     let elem = dtype.size() as usize;
     if base.len() != target.len() || base.is_empty() || !base.len().is_multiple_of(elem) {
         return wrap(Encoding::Raw, target);
@@ -121,8 +177,17 @@ fn sparse(base: &[u8], target: &[u8], w: usize, tag: u8, e: Encoding) -> Vec<u8>
     wrap(e, &zstd(&inner))
 }
 
-/// An added tensor's blob: ZstdOnly, or Raw when that is not smaller.
-pub fn encode_added(target: &[u8]) -> Vec<u8> {
+/// An added tensor's blob: ZstdOnly, or Raw when that is not smaller (or
+/// CkptfsFrame, when allowed and smaller still).
+pub fn encode_added(target: &[u8], dtype: Dtype, allowed: Encodings) -> Vec<u8> {
+    let open = encode_added_open(target);
+    if allowed == Encodings::Open || target.is_empty() {
+        return open;
+    }
+    smallest(open, ckptfs_frame(Encoding::CkptfsFrame, target, dtype))
+}
+
+fn encode_added_open(target: &[u8]) -> Vec<u8> {
     if target.is_empty() {
         return wrap(Encoding::Raw, target);
     }
@@ -185,12 +250,34 @@ pub fn decode(blob: &[u8], base: Option<&[u8]>, len: u64) -> Result<Vec<u8>, Str
             x.iter_mut().zip(b).for_each(|(x, b)| *x ^= b);
             Ok(x)
         }
+        Encoding::CkptfsFrame => unframe(inner, len, "CkptfsFrame"),
+        Encoding::CkptfsXor => {
+            let b = need_base()?;
+            let mut x = unframe(inner, len, "CkptfsXor")?;
+            x.iter_mut().zip(b).for_each(|(x, b)| *x ^= b);
+            Ok(x)
+        }
         Encoding::SparseByte => unsparse(inner, need_base()?, 1, TAG_SPARSE_BYTE, "SparseByte"),
         Encoding::SparseU16 => unsparse(inner, need_base()?, 2, TAG_SPARSE_U16, "SparseU16"),
         Encoding::SplitStream => Err(
             "SplitStream blob: a closed codec (blazex's prebuilt libblazec), not decodable from public information; re-create the patch with `ckptfs diff`".into(),
         ),
     }
+}
+
+/// Decodes a ckptfs frame that must hold `len` bytes.
+fn unframe(src: &[u8], len: u64, what: &'static str) -> Result<Vec<u8>, String> {
+    let f = crate::format::frame::Frame::parse(src).map_err(|e| format!("{what} blob: {e}"))?;
+    if f.decoded_len() != len {
+        return Err(format!(
+            "{what} blob: frame holds {} bytes, expected {len}",
+            f.decoded_len()
+        ));
+    }
+    let mut out = crate::codec::zeroed(len, what).map_err(|e| e.to_string())?;
+    f.decode(&mut out)
+        .map_err(|e| format!("{what} blob: {e}"))?;
+    Ok(out)
 }
 
 fn unsparse(

@@ -16,6 +16,8 @@
 
 pub mod blxd;
 pub mod frame;
+#[cfg(target_arch = "x86_64")]
+mod join_avx512;
 pub mod plane;
 pub mod rans;
 pub mod transform;
@@ -61,3 +63,19 @@ pub fn grow_zeroed(buf: &mut Vec<u8>, len: u64, what: &'static str) -> Result<()
 /// Scratch buffers kept per thread between decodes are dropped above this
 /// size, so that one large block does not pin its memory in every thread.
 pub(crate) const SCRATCH_KEEP: usize = 16 << 20;
+
+/// A CPU feature check run once and cached in `cell` (0 unknown, 1 no,
+/// 2 yes): the SIMD paths ask on every call.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_check(cell: &std::sync::atomic::AtomicU8, detect: fn() -> bool) -> bool {
+    use std::sync::atomic::Ordering;
+    match cell.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let y = detect();
+            cell.store(1 + u8::from(y), Ordering::Relaxed);
+            y
+        }
+    }
+}

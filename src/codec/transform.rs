@@ -162,8 +162,8 @@ pub fn bitfield_join(
         bf16_join(sign, sign_bit, exp, mants[0], out);
         return Ok(());
     }
-    if spec == FLOAT32 && sign_bit == 0 {
-        f32_join(sign, exp, mants, out);
+    if spec == FLOAT32 {
+        f32_join(sign, sign_bit, exp, mants, out);
         return Ok(());
     }
     let emask = (1u32 << spec.exp_bits) - 1;
@@ -222,6 +222,17 @@ fn bf16_join(sign: &[u8], sign_bit: usize, exp: &[u8], mant: &[u8], out: &mut [u
             (sign[bit >> 3] >> (7 - (bit & 7))) & 1,
         );
     }
+    let mut head = head;
+    #[cfg(target_arch = "x86_64")]
+    if super::join_avx512::available() {
+        let s = (sign_bit + head) >> 3;
+        head += super::join_avx512::bf16_body(
+            &sign[s..],
+            &exp[head..],
+            &mant[head..],
+            &mut out[2 * head..],
+        );
+    }
     let sbase = (sign_bit + head) >> 3;
     let body = (n - head) / 8 * 8;
     let (eo, mo, oo) = (
@@ -257,36 +268,65 @@ fn bf16_join(sign: &[u8], sign_bit: usize, exp: &[u8], mant: &[u8], out: &mut [u
     }
 }
 
-/// float32 bit-field join from a byte-aligned sign position.
-fn f32_join(sign: &[u8], exp: &[u8], mants: &[&[u8]], out: &mut [u8]) {
+/// float32 bit-field join, 8 elements per sign byte once the sign position
+/// is byte-aligned (a block of a frame may start anywhere in a sign byte).
+fn f32_join(sign: &[u8], sign_bit: usize, exp: &[u8], mants: &[&[u8]], out: &mut [u8]) {
     let (m0, m1, m2) = (mants[0], mants[1], mants[2]);
     let n = exp.len();
-    let full = n / 8 * 8;
-    for (g, o32) in out[..full * 4].chunks_exact_mut(32).enumerate() {
-        let sb = sign[g];
-        let base = g * 8;
+    #[inline(always)]
+    fn word(s: u32, e: u8, m2: u8, m1: u8, m0: u8) -> u32 {
+        (s << 31)
+            | ((e as u32) << 23)
+            | (((m2 & 0x7f) as u32) << 16)
+            | ((m1 as u32) << 8)
+            | m0 as u32
+    }
+    let one = |i: usize, out: &mut [u8]| {
+        let bit = sign_bit + i;
+        let s = ((sign[bit >> 3] >> (7 - (bit & 7))) & 1) as u32;
+        let u = word(s, exp[i], m2[i], m1[i], m0[i]);
+        out[4 * i..4 * i + 4].copy_from_slice(&u.to_le_bytes());
+    };
+    // Unaligned head: elements until the sign bit position is a multiple of 8.
+    let head = if sign_bit == 0 {
+        0
+    } else {
+        (8 - sign_bit).min(n)
+    };
+    for i in 0..head {
+        one(i, out);
+    }
+    let mut head = head;
+    #[cfg(target_arch = "x86_64")]
+    if super::join_avx512::available() {
+        let s = (sign_bit + head) >> 3;
+        head += super::join_avx512::f32_body(
+            &sign[s..],
+            &exp[head..],
+            [&m0[head..], &m1[head..], &m2[head..]],
+            &mut out[4 * head..],
+        );
+    }
+    let sbase = (sign_bit + head) >> 3;
+    let body = (n - head) / 8 * 8;
+    for (g, o32) in out[4 * head..4 * (head + body)]
+        .chunks_exact_mut(32)
+        .enumerate()
+    {
+        let sb = sign[sbase + g];
+        let base = head + g * 8;
         let mut w = [0u32; 8];
         for k in 0..8 {
             let i = base + k;
             let s = ((sb >> (7 - k)) & 1) as u32;
-            w[k] = (s << 31)
-                | ((exp[i] as u32) << 23)
-                | (((m2[i] & 0x7f) as u32) << 16)
-                | ((m1[i] as u32) << 8)
-                | m0[i] as u32;
+            w[k] = word(s, exp[i], m2[i], m1[i], m0[i]);
         }
         for (o, v) in o32.chunks_exact_mut(4).zip(w) {
             o.copy_from_slice(&v.to_le_bytes());
         }
     }
-    for i in full..n {
-        let s = ((sign[i >> 3] >> (7 - (i & 7))) & 1) as u32;
-        let u = (s << 31)
-            | ((exp[i] as u32) << 23)
-            | (((m2[i] & 0x7f) as u32) << 16)
-            | ((m1[i] as u32) << 8)
-            | m0[i] as u32;
-        out[4 * i..4 * i + 4].copy_from_slice(&u.to_le_bytes());
+    for i in head + body..n {
+        one(i, out);
     }
 }
 

@@ -5,11 +5,13 @@
 //! it is first turned into a BLAZE-X archive (a ckptfs `.blz` unpacked,
 //! then packed as `pack --format blazex` does) in a temporary directory
 //! beside the output, removed afterwards. The patch is the same as between
-//! the BLAZE-X archives of both sides.
+//! the BLAZE-X archives of both sides, except that a ckptfs `.blz` target
+//! (or `--encodings ckptfs`) lets blobs use ckptfs's codec where smaller.
 
 use super::{Global, Result};
 use crate::archive::BlazexArchive;
-use crate::cli::{ApplyArgs, DiffArgs};
+use crate::cli::{ApplyArgs, DiffArgs, PatchEncodings};
+use crate::codec::blxd::Encodings;
 use anyhow::Context as _;
 use std::path::Path;
 use std::process::ExitCode;
@@ -66,11 +68,31 @@ pub fn diff(g: Global, a: DiffArgs) -> Result<ExitCode> {
     let tmp = scratch(&a.output)?;
     let base = open(&a.base, &tmp)?;
     let target = open(&a.target, &tmp)?;
-    let s = crate::pack::blzdiff::diff(&base, &target, &a.output, a.force)?;
+    let allowed = match a.encodings {
+        PatchEncodings::Open => Encodings::Open,
+        PatchEncodings::Ckptfs => Encodings::Ckptfs,
+        PatchEncodings::Auto => {
+            let ckptfs_blz = !a.target.is_dir()
+                && std::fs::File::open(&a.target)
+                    .and_then(|mut f| {
+                        let mut head = [0u8; 8];
+                        std::io::Read::read_exact(&mut f, &mut head).map(|_| head)
+                    })
+                    .is_ok_and(|h| {
+                        crate::archive::Kind::detect(&h) == Some(crate::archive::Kind::Blz)
+                    });
+            if ckptfs_blz {
+                Encodings::Ckptfs
+            } else {
+                Encodings::Open
+            }
+        }
+    };
+    let s = crate::pack::blzdiff::diff(&base, &target, &a.output, a.force, allowed)?;
     let secs = t.elapsed().as_secs_f64();
     if !g.quiet {
         eprintln!(
-            "{} -> {}: {} unchanged, {} modified, {} added, {} removed; patch {} bytes, {:.1}% of the full model ({} bytes); {:.0} MB/s",
+            "{} -> {}: {} unchanged, {} modified, {} added, {} removed; patch {} bytes, {:.1}% of the full model ({} bytes), {}; {:.0} MB/s",
             a.base.display(),
             a.target.display(),
             s.unchanged,
@@ -80,6 +102,10 @@ pub fn diff(g: Global, a: DiffArgs) -> Result<ExitCode> {
             s.patch_bytes,
             100.0 * s.patch_bytes as f64 / s.target_data_bytes.max(1) as f64,
             s.target_data_bytes,
+            match allowed {
+                Encodings::Open => "open encodings (blazex applies it)",
+                Encodings::Ckptfs => "with ckptfs encodings (ckptfs applies it; --encodings open for blazex)",
+            },
             s.target_data_bytes as f64 / 1e6 / secs.max(1e-9)
         );
     }

@@ -68,6 +68,7 @@ pub fn diff(
     target: &BlazexArchive,
     out: &Path,
     force: bool,
+    allowed: blxd::Encodings,
 ) -> Result<DiffStats, BlzPackError> {
     let by_name = base_index(base);
     let mut stats = DiffStats::default();
@@ -91,15 +92,15 @@ pub fn diff(
                 stats.modified += 1;
                 let old = base.tensor_bytes(j).map_err(archive_err)?;
                 let blob = if b.dtype == t.dtype {
-                    blxd::encode_modified(old, new, t.dtype)
+                    blxd::encode_modified(old, new, t.dtype, allowed)
                 } else {
-                    blxd::encode_added(new)
+                    blxd::encode_added(new, t.dtype, allowed)
                 };
                 (Op::Modified, Some(blob))
             }
             None => {
                 stats.added += 1;
-                (Op::Added, Some(blxd::encode_added(new)))
+                (Op::Added, Some(blxd::encode_added(new, t.dtype, allowed)))
             }
         };
         let (off, len) = match blob {

@@ -26,20 +26,13 @@ const STRIDE: usize = std::mem::size_of::<DecodeTable>();
 const _: () = assert!(STRIDE.is_multiple_of(4) && STRIDE >= super::PROB_SCALE as usize + 4);
 
 pub(super) fn available() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static HAVE: AtomicU8 = AtomicU8::new(0);
-    match HAVE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let y = is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512cd")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vbmi");
-            HAVE.store(1 + u8::from(y), Ordering::Relaxed);
-            y
-        }
-    }
+    static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    crate::codec::cpu_check(&HAVE, || {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512cd")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi")
+    })
 }
 
 struct State<const NV: usize> {
