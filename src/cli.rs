@@ -243,7 +243,7 @@ pub struct ExportArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
-    /// The store directory (archives and any other files).
+    /// The store directory (archives and any other files), or an S3 store s3://BUCKET/PREFIX (read-only).
     pub store: PathBuf,
     /// Where to present it.
     pub mountpoint: PathBuf,
@@ -273,6 +273,18 @@ pub struct MountArgs {
     /// Beside each model (a directory with config.json, or a .blz), show a read-only NAME.<CAST>.gguf, computed on demand from the store: the bytes `ckptfs export NAME --to gguf --cast CAST` writes.
     #[arg(long, value_enum, value_name = "CAST")]
     pub gguf: Option<ExportCast>,
+    /// S3 stores (STORE = s3://BUCKET/PREFIX): the S3 endpoint, for S3-compatible servers (default: AWS_ENDPOINT_URL, else AWS).
+    #[arg(long, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// S3 stores: where the local copy of fetched bytes is kept across restarts (default: ~/.cache/ckptfs/s3/<hash of endpoint, bucket, prefix>).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// S3 stores: seconds between listings of the bucket (new, replaced and removed objects show up within this time).
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub metadata_ttl: f64,
+    /// S3 stores: seconds before a request to the server is given up (retried 3 times with backoff, then the read fails with EIO).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub request_timeout: f64,
 }
 
 #[derive(Debug, clap::Args)]

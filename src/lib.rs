@@ -15,6 +15,7 @@ pub mod fsutil;
 pub mod fuse;
 pub mod model;
 pub mod pack;
+pub mod store;
 #[cfg(test)]
 mod test_support;
 

@@ -1,13 +1,25 @@
 //! The bytes of an archive: a read-only private map of its file, or memory
 //! (tests, fuzzing). The file must not be truncated in place while mapped
 //! (ckptfs itself only ever replaces archives by rename).
+//!
+//! A file that is a sparse local copy of an object in object storage
+//! (`crate::store::remote`) is mapped the same way, as `Remote`: its bytes
+//! are only valid once [`Backing::ensure`] has fetched them, which each
+//! kind of archive calls before it reads a range (its metadata at open, a
+//! frame before its grid or a block is decoded). For the other variants
+//! `ensure` does nothing.
 
+use crate::store::remote::RemoteFile;
 use memmap2::Mmap;
 use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
 
 pub enum Backing {
     Map(Mmap),
     Owned(Vec<u8>),
+    /// A map of a sparse copy of a remote object, filled on demand.
+    Remote(Mmap, Arc<RemoteFile>),
 }
 
 impl Backing {
@@ -19,8 +31,38 @@ impl Backing {
         }
         // SAFETY: the map is read-only and private to this process; ckptfs
         // never truncates archives in place (it replaces them by rename), so
-        // the mapped pages stay valid for the map's lifetime.
-        Ok(Backing::Map(unsafe { Mmap::map(file) }?))
+        // the mapped pages stay valid for the map's lifetime. A remote
+        // object's mirror file is created at its full size and only ever
+        // written in place (never truncated) while it is registered.
+        let map = unsafe { Mmap::map(file) }?;
+        Ok(match crate::store::remote::lookup(file) {
+            Some(r) => Backing::Remote(map, r),
+            None => Backing::Map(map),
+        })
+    }
+
+    /// Makes bytes `range` valid, fetching them when the backing is a
+    /// remote object's copy (a no-op otherwise). Fails when they cannot
+    /// be fetched (the error names the object and why).
+    pub fn ensure(&self, range: Range<u64>) -> std::io::Result<()> {
+        match self {
+            Backing::Remote(_, r) => r.ensure(range),
+            _ => Ok(()),
+        }
+    }
+
+    /// After a check of bytes `range` failed: fetches them again from the
+    /// server when the backing is a remote copy (true: try the check once
+    /// more), else false (the damage is in the file itself).
+    pub fn refetch(&self, range: Range<u64>) -> bool {
+        match self {
+            Backing::Remote(_, r) => r.refetch(range).is_ok(),
+            _ => false,
+        }
+    }
+
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Backing::Remote(..))
     }
 
     /// Asks the kernel to start reading bytes `range` of the file in the
@@ -28,6 +70,9 @@ impl Backing {
     /// the disk page by page. Only a hint: out-of-range parts are ignored,
     /// and so is any error.
     pub fn will_need(&self, range: std::ops::Range<u64>) {
+        if let Backing::Remote(_, r) = self {
+            crate::store::remote::prefetch(r, range.clone());
+        }
         if let Backing::Map(m) = self {
             let end = range.end.min(m.len() as u64);
             if range.start < end {
@@ -39,7 +84,7 @@ impl Backing {
 
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Map(m) => m,
+            Backing::Map(m) | Backing::Remote(m, _) => m,
             Backing::Owned(v) => v,
         }
     }

@@ -338,10 +338,54 @@ pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Arc<dyn ArchiveVie
         path: path.to_path_buf(),
         source,
     };
+    let backing = Backing::map(file).map_err(io)?;
+    if backing.is_remote() {
+        remote_metadata(&backing).map_err(io)?;
+        let bytes = backing.bytes();
+        let head = bytes[..bytes.len().min(8)].to_vec();
+        return from_backing(backing, &head, path);
+    }
     let mut head = [0u8; 8];
     let n = (&*file).read(&mut head).map_err(io)?;
-    let backing = Backing::map(file).map_err(io)?;
     from_backing(backing, &head[..n], path)
+}
+
+/// Fetches what opening a remote archive reads: for a ZSTN container with
+/// an index, its head (up to the first frame), its index and footer and
+/// its CKX1 block (frames are fetched when first used); for any other
+/// kind, the whole object. Offsets read here are only used to choose what
+/// to fetch (clamped to the object); the parser checks them as usual.
+fn remote_metadata(b: &Backing) -> std::io::Result<()> {
+    let len = b.bytes().len() as u64;
+    let u64_at = |at: u64| -> Option<u64> {
+        let s = b.bytes().get(at as usize..at.checked_add(8)? as usize)?;
+        Some(u64::from_le_bytes(s.try_into().ok()?))
+    };
+    b.ensure(0..22)?;
+    let bytes = b.bytes();
+    let indexed = Kind::detect(bytes) == Some(Kind::Zstn) && bytes.get(5) == Some(&1);
+    let footer = crate::format::zstn::FOOTER_LEN;
+    if !indexed || len < 22 + footer {
+        return b.ensure(0..len);
+    }
+    let head_end = u64_at(6).map_or(len, |h| h.saturating_add(22).min(len));
+    b.ensure(0..head_end)?;
+    b.ensure(len - footer..len)?;
+    let index_offset = u64_at(len - footer).unwrap_or(0).min(len);
+    b.ensure(index_offset..len)?;
+    // The CKX1 block ends at the index with a 20-byte trailer naming its
+    // length (absent in z4ai-written files).
+    if index_offset >= 20 {
+        b.ensure(index_offset - 20..index_offset)?;
+        if b.bytes()
+            .get(index_offset as usize - 4..index_offset as usize)
+            == Some(b"CKX1")
+        {
+            let ext = u64_at(index_offset - 12).unwrap_or(0).min(index_offset);
+            b.ensure(index_offset - ext..index_offset)?;
+        }
+    }
+    Ok(())
 }
 
 /// Opens an archive held in memory (`name` is used in messages).

@@ -294,6 +294,28 @@ impl ZstnArchive {
         Ok(f)
     }
 
+    /// Decodes one block from the bytes at hand (checked as `decode_block`
+    /// says).
+    fn decode_block_once(&self, key: BlockKey) -> Result<Vec<u8>> {
+        let b = block_index(self, key, &*self.grid(key.unit)?)?;
+        let unit = key.unit as usize;
+        let want = self.ext.as_ref().map(|e| e.unit_blocks(unit)[b].payload);
+        let out = decode_unit_block(self, key, self.frame_bytes(key.unit), want)?;
+        if let Some(ext) = &self.ext {
+            ext.verify_data(unit, b, &out)
+                .map_err(|what| self.unit_integrity(key.unit, what))?;
+        }
+        Ok(out)
+    }
+
+    /// A failure to fetch a remote archive's bytes.
+    fn io(&self, source: std::io::Error) -> ArchiveError {
+        ArchiveError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
         let (grid, meta) = frame_grid(self.frame_bytes(unit), self.unit_decoded_len(unit))?;
         if let Some(ext) = &self.ext {
@@ -447,6 +469,16 @@ impl ArchiveView for ZstnArchive {
 
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
         let cell = self.units.get(unit as usize).map(|u| &u.grid);
+        if cell.is_some_and(|c| c.get().is_none()) && self.map.is_remote() {
+            let frame = self.unit_frame(unit);
+            self.map.ensure(frame.clone()).map_err(|e| self.io(e))?;
+            // A cached copy that fails its checks is fetched again once
+            // before the failure is kept.
+            return shared_grid(self, unit, cell, || match self.build_grid(unit) {
+                Err(_) if self.map.refetch(frame) => self.build_grid(unit),
+                r => r,
+            });
+        }
         shared_grid(self, unit, cell, || self.build_grid(unit))
     }
 
@@ -460,15 +492,22 @@ impl ArchiveView for ZstnArchive {
     }
 
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
-        let b = block_index(self, key, &*self.grid(key.unit)?)?;
-        let unit = key.unit as usize;
-        let want = self.ext.as_ref().map(|e| e.unit_blocks(unit)[b].payload);
-        let out = decode_unit_block(self, key, self.frame_bytes(key.unit), want)?;
-        if let Some(ext) = &self.ext {
-            ext.verify_data(unit, b, &out)
-                .map_err(|what| self.unit_integrity(key.unit, what))?;
+        if !self.map.is_remote() {
+            return self.decode_block_once(key);
         }
-        Ok(out)
+        let frame = self.unit_frame(key.unit);
+        self.map.ensure(frame.clone()).map_err(|e| self.io(e))?;
+        match self.decode_block_once(key) {
+            // A damaged cached copy: fetched again once from the server.
+            Err(e @ (ArchiveError::Integrity { .. } | ArchiveError::Frame { .. })) => {
+                if self.map.refetch(frame) {
+                    self.decode_block_once(key)
+                } else {
+                    Err(e)
+                }
+            }
+            r => r,
+        }
     }
 
     fn verify_structure(&self) -> Result<()> {

@@ -10,8 +10,10 @@ mod hold;
 mod info;
 mod list;
 mod mount;
+mod mount_s3;
 mod pack;
 mod patch;
+mod s3;
 mod seal;
 mod unpack;
 mod verify;
@@ -20,6 +22,7 @@ use crate::cli::{Cli, Command};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Decodes the first file of an archive into `w` (used by benchmarks).
@@ -45,10 +48,39 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
     let g = Global { quiet: cli.quiet };
     match cli.command {
-        Command::Pack(a) => pack::run(g, a),
-        Command::Unpack(a) => unpack::run(g, a),
-        Command::Info(a) => info::run(g, a),
-        Command::Verify(a) => verify::run(g, a),
+        Command::Pack(mut a) => match s3::upload_target(a.output.as_deref())? {
+            Some(up) => {
+                a.output = Some(up.local.clone());
+                let code = pack::run(g, a)?;
+                up.finish()?;
+                Ok(code)
+            }
+            None => pack::run(g, a),
+        },
+        Command::Unpack(mut a) => {
+            let remote = a.input.clone();
+            let mut files = [a.input.clone()];
+            let _tmp = s3::localize(&mut files)?;
+            if _tmp.is_some() && a.output.is_none() {
+                // Beside the caller, not in the temporary directory.
+                let name = files[0].file_name().map(PathBuf::from).unwrap_or_default();
+                a.output = Some(if crate::archive::open(&files[0])?.files() == 1 {
+                    unpack::default_output(&name, false)
+                } else {
+                    unpack::default_dir(&name)
+                });
+            }
+            a.input = files[0].clone();
+            unpack::run(g, a).with_context(|| remote.display().to_string())
+        }
+        Command::Info(mut a) => {
+            let _tmp = s3::localize(&mut a.files)?;
+            info::run(g, a)
+        }
+        Command::Verify(mut a) => {
+            let _tmp = s3::localize(&mut a.files)?;
+            verify::run(g, a)
+        }
         Command::Seal(a) => seal::run(g, a),
         Command::List(a) => list::run(g, a),
         Command::Extract(a) => extract::run(g, a),

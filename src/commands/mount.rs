@@ -56,7 +56,7 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 /// its memory, where a large one takes fresh pages from the kernel for
 /// every block of a cold load (measured: 12% less daemon CPU per GB served
 /// with 128 MiB than with 1 GiB).
-const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
+pub(super) const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -129,6 +129,16 @@ pub(super) fn log_path(mountpoint: &Path) -> PathBuf {
 }
 
 pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode> {
+    if let Some(url) = a.store.to_str().and_then(crate::store::s3::S3Url::parse) {
+        let url = url.map_err(anyhow::Error::msg)?;
+        if a.gguf.is_some() {
+            return Err(anyhow::anyhow!(
+                "{}: --gguf is not supported for s3:// stores (only local STORE directories)",
+                a.store.display()
+            ));
+        }
+        return super::mount_s3::run(a, url, threads);
+    }
     let store = a
         .store
         .canonicalize()
@@ -161,7 +171,11 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
     }
 }
 
-fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Result<ExitCode> {
+pub(super) fn background(
+    a: &MountArgs,
+    mountpoint: &Path,
+    threads: Option<usize>,
+) -> Result<ExitCode> {
     if mountinfo_has(mountpoint) {
         return Err(anyhow::anyhow!(
             "{}: already a ckptfs mount",
@@ -214,6 +228,16 @@ fn background(a: &MountArgs, mountpoint: &Path, threads: Option<usize>) -> Resul
     if let Some(c) = a.gguf {
         cmd.arg("--gguf").arg(super::export::cast_of(c).name());
     }
+    if let Some(e) = &a.endpoint_url {
+        cmd.arg("--endpoint-url").arg(e);
+    }
+    if let Some(d) = &a.cache_dir {
+        cmd.arg("--cache-dir").arg(d);
+    }
+    cmd.arg("--metadata-ttl")
+        .arg(a.metadata_ttl.to_string())
+        .arg("--request-timeout")
+        .arg(a.request_timeout.to_string());
     cmd.stdin(std::process::Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -292,14 +316,9 @@ fn raise_read_ahead(mountpoint: &Path, kib: u32) {
     }
 }
 
-fn foreground(
-    a: &MountArgs,
-    store: PathBuf,
-    mountpoint: PathBuf,
-    cache_bytes: u64,
-    threads: Option<usize>,
-) -> Result<ExitCode> {
-    let level = a.log_level.clone();
+/// The daemon's logger (stderr, which is the log file in the background);
+/// a second call does nothing.
+pub(super) fn init_logger(level: Option<String>) {
     // fuser logs a warning when the session, ended by an unmount, tries to
     // unmount again on exit (EINVAL): noise on every umount.
     let mut b = env_logger::Builder::from_env(
@@ -313,6 +332,16 @@ fn foreground(
     if log::set_boxed_logger(Box::new(QuietGoneRequests(inner))).is_ok() {
         log::set_max_level(max);
     }
+}
+
+pub(super) fn foreground(
+    a: &MountArgs,
+    store: PathBuf,
+    mountpoint: PathBuf,
+    cache_bytes: u64,
+    threads: Option<usize>,
+) -> Result<ExitCode> {
+    init_logger(a.log_level.clone());
     // Decoded blocks are ~1 MiB and are allocated and freed constantly.
     // Served by mmap, each one cost an mmap, 256 page faults with zeroing
     // and a munmap (45% of the daemon's time in a cold read was kernel page

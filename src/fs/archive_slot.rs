@@ -108,7 +108,7 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
-        let slot = parse_version(&file, &fm, path, directory, self.require_checksums);
+        let slot = parse_version(&file, &fm, path, directory, self.require_checksums)?;
         Ok((slot, fm))
     }
 }
@@ -116,14 +116,17 @@ impl CheckpointFs {
 /// Parses one backing version of an archive (whatever its kind, by its
 /// magic). `directory`: presented as a directory of files (`X.blz`), else
 /// as one file; an archive of the other shape is refused. An archive that
-/// cannot be parsed is logged once per version and kept as the reason.
+/// cannot be parsed is logged once per version and kept as the reason;
+/// one that could not be read (an I/O error, such as a remote archive's
+/// server out of reach) is logged and answered EIO, not kept: the next
+/// access tries again.
 pub(super) fn parse_version(
     file: &File,
     meta: &Metadata,
     path: &Path,
     directory: bool,
     require_checksums: bool,
-) -> Slot {
+) -> Result<Slot> {
     let shown = if directory {
         "listed as a directory"
     } else {
@@ -147,12 +150,16 @@ pub(super) fn parse_version(
         }
         Ok(a)
     });
-    Slot {
+    if let Err(e @ archive::ArchiveError::Io { .. }) = &archive {
+        log::warn!("{e} (answered EIO; tried again at the next access)");
+        return Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+    }
+    Ok(Slot {
         version: version_of(meta),
         generation: next_generation(),
         archive: archive.map_err(|e| {
             log::warn!("{e} ({shown}; opening it fails with EIO)");
             Arc::new(e.reason())
         }),
-    }
+    })
 }

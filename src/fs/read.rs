@@ -142,6 +142,10 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
+                // A plain object of an S3 store is fetched whole before it
+                // is served (the failure is logged with the object's name).
+                crate::store::remote::fill_whole(&file)
+                    .map_err(|_| FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)))?;
                 // A staged file becomes an archive (served through the page
                 // cache) when it is compressed, under the same inode; the
                 // kernel refuses (EIO) an open whose io mode differs from

@@ -31,6 +31,8 @@ pub fn spool_entries(store: &Path) -> Vec<String> {
 pub struct Mount {
     pub dir: tempfile::TempDir,
     pub store: PathBuf,
+    /// What `ckptfs mount` is given as STORE instead of `store` (a URL).
+    pub arg: Option<PathBuf>,
     pub mnt: PathBuf,
     pub child: Option<Child>,
     pub log: PathBuf,
@@ -39,6 +41,16 @@ pub struct Mount {
 impl Mount {
     /// Mounts a fresh store that `fill` populates, in the foreground.
     pub fn new(fill: impl FnOnce(&Path), extra: &[&str]) -> Mount {
+        Mount::of(fill, None, extra)
+    }
+
+    /// A mount of `store_arg` (an `s3://` URL) instead of `store`, which
+    /// `fill` still fills (with the originals, say).
+    pub fn of_store_arg(fill: impl FnOnce(&Path), store_arg: &str, extra: &[&str]) -> Mount {
+        Mount::of(fill, Some(store_arg), extra)
+    }
+
+    fn of(fill: impl FnOnce(&Path), store_arg: Option<&str>, extra: &[&str]) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let mnt = dir.path().join("mnt");
@@ -47,9 +59,10 @@ impl Mount {
         fill(&store);
         let mnt = mnt.canonicalize().unwrap();
         let log = dir.path().join("daemon.log");
+        let arg = store_arg.map(PathBuf::from);
         let child = Command::new(bin())
             .arg("mount")
-            .arg(&store)
+            .arg(arg.as_ref().unwrap_or(&store))
             .arg(&mnt)
             .arg("--foreground")
             .args(extra)
@@ -61,6 +74,7 @@ impl Mount {
         let mut m = Mount {
             dir,
             store,
+            arg,
             mnt,
             child: Some(child),
             log,
@@ -133,7 +147,7 @@ impl Mount {
         assert!(self.child.is_none(), "unmount first");
         let child = Command::new(bin())
             .arg("mount")
-            .arg(&self.store)
+            .arg(self.arg.as_ref().unwrap_or(&self.store))
             .arg(&self.mnt)
             .arg("--foreground")
             .args(extra)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Cold load of the 1 GiB llama-like model through `ckptfs mount s3://...`
+# (moto on 127.0.0.1) against the same store mounted from local disk and
+# against downloading the plain model with boto3 from the same server, the
+# bytes each moved, and the warm load from the disk cache: one table from
+# one run (scripts/bench_s3.py). Needs root (drop_caches, mounts).
+# Usage: scripts/bench-s3.sh [WORKDIR]   (default /tmp/ckptfs-bench-s3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+W="$(realpath -m "${1:-/tmp/ckptfs-bench-s3}")"
+bash scripts/setup-test-env.sh >/dev/null
+[ -n "${CKPTFS_BIN:-}" ] || cargo build --release -q
+BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
+.venv/bin/python scripts/bench_s3.py "$BIN" "$W"

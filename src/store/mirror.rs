@@ -1,0 +1,245 @@
+//! The local mirror of a bucket prefix: the directory a mount serves as
+//! its STORE when the store is `s3://BUCKET/PREFIX`.
+//!
+//! Every object under the prefix appears at its relative key as a sparse
+//! file of the object's size (and modification time), registered with
+//! `remote` so that its bytes are fetched on demand: archives block by
+//! block (through `archive::Backing`), other files whole when opened. The
+//! fs layer serves the mirror exactly as a local store.
+//!
+//! [`Mirror::refresh`] lists the prefix again (every `--metadata-ttl`):
+//! a new object gets a mirror file; an object whose ETag or size changed
+//! is a new version, a new mirror file renamed over the old name, so
+//! handles open on the old one keep its bytes (and fetches of bytes it
+//! lacks fail cleanly: they are conditional on the old ETag); an object
+//! gone from the listing has its mirror file removed.
+//!
+//! Layout under the cache directory: `mirror/` (the STORE), `state/` (one
+//! JSON per mirror file: object, ETag, size, the mirror file's inode and
+//! the byte ranges present; written after the bytes are synced) and `tmp/`
+//! (new mirror files before they are renamed into place). On start the
+//! states whose mirror file is still there (same inode and size) are
+//! registered again, so the cache survives a restart and serves, without
+//! the server, every byte it holds.
+//!
+//! Keys that cannot be a path below the mirror (empty, `.` or `..`
+//! components, NUL, names longer than 255 bytes, names the store
+//! reserves) are skipped with a log line: nothing is ever written outside
+//! the mirror.
+
+use super::ranges::RangeSet;
+use super::remote::{self, RemoteFile};
+use super::s3::{Listed, S3Client};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+use xxhash_rust::xxh3::xxh3_64;
+
+pub struct Mirror {
+    client: Arc<S3Client>,
+    root: PathBuf,
+    state_dir: PathBuf,
+    tmp_dir: PathBuf,
+    /// The current version of each object, by relative key.
+    known: Mutex<HashMap<String, Arc<RemoteFile>>>,
+}
+
+/// Whether `rel` can be a file below the mirror.
+pub fn valid_rel(rel: &str) -> bool {
+    !rel.is_empty()
+        && !rel.contains('\0')
+        && rel.split('/').all(|c| {
+            !c.is_empty() && c != "." && c != ".." && c.len() <= 255 && !c.starts_with(".ckptfs")
+        })
+}
+
+impl Mirror {
+    /// Opens (creating it if needed) the mirror under `cache_dir` and
+    /// registers the versions a previous run left.
+    pub fn open(client: Arc<S3Client>, cache_dir: &Path) -> io::Result<Mirror> {
+        let m = Mirror {
+            client,
+            root: cache_dir.join("mirror"),
+            state_dir: cache_dir.join("state"),
+            tmp_dir: cache_dir.join("tmp"),
+            known: Mutex::new(HashMap::new()),
+        };
+        for d in [&m.root, &m.state_dir, &m.tmp_dir] {
+            std::fs::create_dir_all(d)?;
+        }
+        for e in std::fs::read_dir(&m.tmp_dir)? {
+            let _ = std::fs::remove_file(e?.path());
+        }
+        for e in std::fs::read_dir(&m.state_dir)? {
+            let path = e?.path();
+            match m.restore(&path) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(e) => log::warn!("{}: {e}", path.display()),
+            }
+        }
+        Ok(m)
+    }
+
+    /// The directory the mount serves.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn client(&self) -> &Arc<S3Client> {
+        &self.client
+    }
+
+    /// Registers the version a state file describes if its mirror file is
+    /// still the one it names (false: the state is stale).
+    fn restore(&self, state_path: &Path) -> io::Result<bool> {
+        let Some(st) = remote::load_state(state_path) else {
+            return Ok(false);
+        };
+        if !valid_rel(&st.rel) {
+            return Ok(false);
+        }
+        let path = self.root.join(&st.rel);
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) else {
+            return Ok(false);
+        };
+        let meta = file.metadata()?;
+        if meta.ino() != st.ino || meta.len() != st.size || !meta.is_file() {
+            return Ok(false);
+        }
+        let listed = Listed {
+            rel: st.rel.clone(),
+            size: st.size,
+            etag: st.etag.clone(),
+            mtime: st.mtime,
+        };
+        let present = RangeSet::from_pairs(&st.ranges);
+        let r = RemoteFile::new(
+            self.client.clone(),
+            &listed,
+            file,
+            state_path.to_path_buf(),
+            present,
+        )?;
+        remote::register(&r)?;
+        self.known.lock().insert(st.rel, r);
+        Ok(true)
+    }
+
+    /// Lists the prefix and brings the mirror up to date with it.
+    pub fn refresh(&self) -> io::Result<()> {
+        let listed = self.client.list()?;
+        let mut seen = std::collections::HashSet::new();
+        for l in listed {
+            if l.rel.ends_with('/') {
+                continue; // a "directory marker" object
+            }
+            if !valid_rel(&l.rel) {
+                log::warn!(
+                    "{}: skipped: not a name the mount can show",
+                    self.client.url().display(&l.rel)
+                );
+                continue;
+            }
+            seen.insert(l.rel.clone());
+            let current = self.known.lock().get(&l.rel).cloned();
+            if let Some(c) = &current {
+                if c.etag == l.etag && c.size == l.size {
+                    continue;
+                }
+            }
+            match self.add_version(&l) {
+                Ok(r) => {
+                    if let Some(old) = self.known.lock().insert(l.rel.clone(), r) {
+                        log::info!(
+                            "{}: new version (ETag {}); open handles keep the old one",
+                            self.client.url().display(&l.rel),
+                            l.etag
+                        );
+                        old.forget();
+                    }
+                }
+                Err(e) => log::warn!(
+                    "{}: cannot add to the mirror: {e}",
+                    self.client.url().display(&l.rel)
+                ),
+            }
+        }
+        let gone: Vec<(String, Arc<RemoteFile>)> = self
+            .known
+            .lock()
+            .iter()
+            .filter(|(k, _)| !seen.contains(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (rel, r) in gone {
+            let path = self.root.join(&rel);
+            if let Ok(file) = File::open(&path) {
+                if remote::lookup(&file).is_some_and(|x| Arc::ptr_eq(&x, &r)) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            r.forget();
+            self.known.lock().remove(&rel);
+            log::info!(
+                "{}: removed from the bucket",
+                self.client.url().display(&rel)
+            );
+        }
+        Ok(())
+    }
+
+    /// A new mirror file for version `l`, renamed into place.
+    fn add_version(&self, l: &Listed) -> io::Result<Arc<RemoteFile>> {
+        let dest = self.root.join(&l.rel);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if dest.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(io::Error::other("a directory of the mirror has that name"));
+        }
+        let name = format!(
+            "{:016x}-{:016x}",
+            xxh3_64(l.rel.as_bytes()),
+            xxh3_64(l.etag.as_bytes())
+        );
+        let tmp = self.tmp_dir.join(&name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        file.set_len(l.size)?;
+        let mtime = UNIX_EPOCH + Duration::from_secs(l.mtime.max(0) as u64);
+        file.set_modified(mtime)?;
+        let state_path = self.state_dir.join(format!("{name}.json"));
+        let r = RemoteFile::new(self.client.clone(), l, file, state_path, RangeSet::new())?;
+        r.persist_now()?;
+        std::fs::rename(&tmp, &dest)?;
+        remote::register(&r)?;
+        Ok(r)
+    }
+
+    /// Lists every few `ttl` until the process exits (a failed listing
+    /// keeps the mirror as it is, logged).
+    pub fn spawn_refresher(self: &Arc<Self>, ttl: Duration) -> io::Result<()> {
+        let m = self.clone();
+        std::thread::Builder::new()
+            .name("ckptfs-s3-list".into())
+            .spawn(move || loop {
+                std::thread::sleep(ttl);
+                if let Err(e) = m.refresh() {
+                    log::warn!("listing {}: {e} (keeping the last listing)", m.client.url());
+                }
+            })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,18 @@
+//! Where a store's bytes come from when it is not a local directory:
+//! object storage through the S3 API.
+//!
+//! - [`s3`]: `s3://BUCKET/PREFIX` URLs and the blocking client (bounded
+//!   retries and timeouts) over `object_store`;
+//! - [`ranges`]: byte-range sets (pure);
+//! - [`remote`]: a sparse local copy of one object version, filled on
+//!   demand with ranged conditional GETs, and the registry through which
+//!   `archive::Backing` finds it;
+//! - [`mirror`]: the directory of such copies that a mount of an
+//!   `s3://` store serves as its STORE, refreshed from the listing.
+//!
+//! Nothing here depends on `fs` or on FUSE.
+
+pub mod mirror;
+pub mod ranges;
+pub mod remote;
+pub mod s3;

@@ -1,0 +1,426 @@
+//! The S3 client: `s3://BUCKET/PREFIX` URLs and the few blocking calls the
+//! mirror, the CLI and the mount need (list, ranged and conditional GET,
+//! PUT with multipart for large files, create-if-absent), over the
+//! `object_store` crate and a small tokio runtime owned by the client.
+//!
+//! Endpoint, region and credentials come from the standard AWS
+//! environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_SESSION_TOKEN`, `AWS_REGION`/`AWS_DEFAULT_REGION`,
+//! `AWS_ENDPOINT_URL`), `--endpoint-url` overriding the last.
+//!
+//! Bounded waits: every request has a timeout, failed requests are retried
+//! a bounded number of times with exponential backoff, and each call as a
+//! whole is cut off after `timeout × (retries + 2)`; an error names the
+//! object and why. A FUSE thread waiting on a call is therefore never hung.
+
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjPath;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, PutMode, PutOptions,
+    PutPayload, RetryConfig, WriteMultipart,
+};
+use std::io::{self, Read};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a store lives: `s3://BUCKET/PREFIX` (the prefix may be empty).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct S3Url {
+    pub bucket: String,
+    /// Without leading or trailing `/`.
+    pub prefix: String,
+}
+
+impl S3Url {
+    /// Parses `s3://BUCKET[/PREFIX]`; None when `s` is not an `s3://` URL.
+    pub fn parse(s: &str) -> Option<Result<S3Url, String>> {
+        let rest = s.strip_prefix("s3://")?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Some(Err(format!("{s}: no bucket name (s3://BUCKET/PREFIX)")));
+        }
+        let prefix = prefix.trim_matches('/').to_string();
+        if prefix.split('/').any(|c| c == "." || c == "..") {
+            return Some(Err(format!(
+                "{s}: `.` and `..` are not allowed in the prefix"
+            )));
+        }
+        Some(Ok(S3Url {
+            bucket: bucket.to_string(),
+            prefix,
+        }))
+    }
+
+    /// The object key of `rel` (a `/`-separated path below the prefix).
+    pub fn key(&self, rel: &str) -> String {
+        if self.prefix.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{}/{rel}", self.prefix)
+        }
+    }
+
+    /// `s3://bucket/key` of `rel`, for messages.
+    pub fn display(&self, rel: &str) -> String {
+        format!("s3://{}/{}", self.bucket, self.key(rel))
+    }
+}
+
+impl std::fmt::Display for S3Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.prefix)
+    }
+}
+
+/// Client settings beyond the environment.
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    pub endpoint: Option<String>,
+    /// Per request (connect and whole response).
+    pub timeout: Duration,
+    pub retries: usize,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            endpoint: None,
+            timeout: Duration::from_secs(30),
+            retries: 3,
+        }
+    }
+}
+
+/// One object of a listing, relative to the prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub rel: String,
+    pub size: u64,
+    pub etag: String,
+    /// Seconds since the epoch.
+    pub mtime: i64,
+}
+
+/// Receives each fetched part: its range and its bytes.
+pub type OnPart<'a> = dyn FnMut(&Range<u64>, &[u8]) -> io::Result<()> + 'a;
+
+/// Objects at or above this size are uploaded in parts.
+const MULTIPART_AT: u64 = 64 << 20;
+const PART: usize = 16 << 20;
+
+pub struct S3Client {
+    url: S3Url,
+    store: Arc<dyn ObjectStore>,
+    rt: tokio::runtime::Runtime,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for S3Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "S3Client({})", self.url)
+    }
+}
+
+fn other(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+impl S3Client {
+    pub fn new(url: S3Url, opts: &S3Options) -> io::Result<S3Client> {
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+        let endpoint = opts
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
+        let mut client = ClientOptions::new()
+            .with_timeout(opts.timeout)
+            .with_connect_timeout(opts.timeout);
+        if let Some(e) = &endpoint {
+            b = b.with_endpoint(e);
+            if e.starts_with("http://") {
+                client = client.with_allow_http(true);
+            }
+        }
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: opts.retries,
+            retry_timeout: opts.timeout * (opts.retries as u32 + 1),
+        };
+        let store = b
+            .with_client_options(client)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| other(format!("{url}: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ckptfs-s3")
+            .enable_all()
+            .build()?;
+        Ok(S3Client {
+            url,
+            store: Arc::new(store),
+            rt,
+            deadline: opts.timeout * (opts.retries as u32 + 2),
+        })
+    }
+
+    pub fn url(&self) -> &S3Url {
+        &self.url
+    }
+
+    /// Runs `f` on the runtime, cut off at the call's deadline; errors name
+    /// `what` (an object).
+    fn run<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> io::Result<T> {
+        // The timer is created inside the runtime (it needs its context).
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(self.deadline, f).await });
+        map_result(what, r, self.deadline)
+    }
+
+    /// Fetches the ranges `parts` of object `rel` (version `etag`), up to
+    /// `in_flight` at once, handing each to `on_part` in order.
+    pub fn get_ranges(
+        &self,
+        rel: &str,
+        parts: &[Range<u64>],
+        etag: &str,
+        in_flight: usize,
+        on_part: &mut OnPart<'_>,
+    ) -> io::Result<()> {
+        use futures::StreamExt;
+        let path = ObjPath::from(self.url.key(rel));
+        let name = self.url.display(rel);
+        let deadline = self.deadline;
+        self.rt.block_on(async {
+            let mut s = futures::stream::iter(parts.iter().cloned())
+                .map(|r| {
+                    let (path, name) = (&path, &name);
+                    async move {
+                        let what = format!("{name} bytes {}..{}", r.start, r.end);
+                        let opts = GetOptions {
+                            range: Some(GetRange::Bounded(r.clone())),
+                            if_match: (!etag.is_empty()).then(|| etag.to_string()),
+                            ..Default::default()
+                        };
+                        let got = tokio::time::timeout(deadline, async {
+                            self.store.get_opts(path, opts).await?.bytes().await
+                        })
+                        .await;
+                        let bytes = map_result(&what, got, deadline)?;
+                        if bytes.len() as u64 != r.end - r.start {
+                            return Err(other(format!(
+                                "{what}: the server sent {} bytes",
+                                bytes.len()
+                            )));
+                        }
+                        Ok((r, bytes))
+                    }
+                })
+                .buffered(in_flight.max(1));
+            while let Some((r, b)) = s.try_next().await? {
+                on_part(&r, &b)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Every object under the prefix (keys relative to it).
+    pub fn list(&self) -> io::Result<Vec<Listed>> {
+        let prefix = (!self.url.prefix.is_empty()).then(|| ObjPath::from(self.url.prefix.as_str()));
+        let metas: Vec<object_store::ObjectMeta> = self.run(&self.url.to_string(), async {
+            self.store.list(prefix.as_ref()).try_collect().await
+        })?;
+        let cut = if self.url.prefix.is_empty() {
+            0
+        } else {
+            self.url.prefix.len() + 1
+        };
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let key = m.location.to_string();
+                let rel = key.get(cut..)?.to_string();
+                Some(Listed {
+                    rel,
+                    size: m.size,
+                    etag: m.e_tag.unwrap_or_default(),
+                    mtime: m.last_modified.timestamp(),
+                })
+            })
+            .collect())
+    }
+
+    /// Bytes `range` of object `rel`, only if its ETag is still `etag`
+    /// (empty: any version).
+    pub fn get_range(&self, rel: &str, range: Range<u64>, etag: &str) -> io::Result<Vec<u8>> {
+        let what = format!(
+            "{} bytes {}..{}",
+            self.url.display(rel),
+            range.start,
+            range.end
+        );
+        let path = ObjPath::from(self.url.key(rel));
+        let want = range.end - range.start;
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(range)),
+            if_match: (!etag.is_empty()).then(|| etag.to_string()),
+            ..Default::default()
+        };
+        let bytes = self.run(&what, async {
+            self.store.get_opts(&path, opts).await?.bytes().await
+        })?;
+        if bytes.len() as u64 != want {
+            return Err(other(format!(
+                "{what}: the server sent {} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(bytes.to_vec())
+    }
+
+    /// The size and ETag of object `rel`.
+    pub fn head(&self, rel: &str) -> io::Result<Listed> {
+        let path = ObjPath::from(self.url.key(rel));
+        let m = self.run(&self.url.display(rel), async {
+            self.store.head(&path).await
+        })?;
+        Ok(Listed {
+            rel: rel.to_string(),
+            size: m.size,
+            etag: m.e_tag.unwrap_or_default(),
+            mtime: m.last_modified.timestamp(),
+        })
+    }
+
+    /// Uploads the file at `src` as object `rel` (in parts when large).
+    /// The object appears only once the whole upload has completed.
+    pub fn put_file(&self, src: &Path, rel: &str) -> io::Result<()> {
+        let what = self.url.display(rel);
+        let path = ObjPath::from(self.url.key(rel));
+        let mut f = std::fs::File::open(src)?;
+        let len = f.metadata()?.len();
+        if len < MULTIPART_AT {
+            let mut buf = Vec::with_capacity(len as usize);
+            f.read_to_end(&mut buf)?;
+            return self
+                .run(&what, async {
+                    self.store.put(&path, PutPayload::from(buf)).await
+                })
+                .map(|_| ());
+        }
+        let upload = self.run(&what, async { self.store.put_multipart(&path).await })?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
+        let mut buf = vec![0u8; PART];
+        loop {
+            let n = read_full(&mut f, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            // At most four parts in flight: memory stays bounded.
+            if let Err(e) = self.run(&what, w.wait_for_capacity(4)) {
+                let _ = self.rt.block_on(w.abort());
+                return Err(e);
+            }
+            w.write(&buf[..n]);
+        }
+        self.run(&what, w.finish()).map(|_| ())
+    }
+
+    /// Creates object `rel` holding `bytes` only if no object has that
+    /// name (`AlreadyExists` otherwise).
+    pub fn put_new(&self, rel: &str, bytes: Vec<u8>) -> io::Result<()> {
+        let what = self.url.display(rel);
+        let path = ObjPath::from(self.url.key(rel));
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        self.run(&what, async {
+            self.store
+                .put_opts(&path, PutPayload::from(bytes), opts)
+                .await
+        })
+        .map(|_| ())
+    }
+
+    pub fn delete(&self, rel: &str) -> io::Result<()> {
+        let path = ObjPath::from(self.url.key(rel));
+        self.run(&self.url.display(rel), async {
+            self.store.delete(&path).await
+        })
+    }
+}
+
+fn map_result<T>(
+    what: &str,
+    r: std::result::Result<object_store::Result<T>, tokio::time::error::Elapsed>,
+    deadline: Duration,
+) -> io::Result<T> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(object_store::Error::NotFound { .. })) => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{what}: no such object"),
+        )),
+        Ok(Err(object_store::Error::Precondition { .. })) => Err(other(format!(
+            "{what}: the object changed on the server (its ETag no longer matches)"
+        ))),
+        Ok(Err(object_store::Error::AlreadyExists { .. })) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{what}: already exists"),
+        )),
+        Ok(Err(e)) => Err(other(format!("{what}: {}", one_line(&e.to_string())))),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what}: no answer within {deadline:?}"),
+        )),
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// object_store's messages span lines (a source chain); the log and the
+/// CLI want one.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = S3Url::parse("s3://b/models/x/").unwrap().unwrap();
+        assert_eq!(u.bucket, "b");
+        assert_eq!(u.prefix, "models/x");
+        assert_eq!(u.key("a.zstn"), "models/x/a.zstn");
+        let u = S3Url::parse("s3://b").unwrap().unwrap();
+        assert_eq!(u.key("a"), "a");
+        assert!(S3Url::parse("/local").is_none());
+        assert!(S3Url::parse("s3:///p").unwrap().is_err());
+        assert!(S3Url::parse("s3://b/../x").unwrap().is_err());
+    }
+}

@@ -1,0 +1,166 @@
+//! An S3-compatible server for the S3 tests (`tests/s3_server.py`: moto's
+//! server on 127.0.0.1 counting the GETs it answers, behind a TCP proxy
+//! that a test stops and starts to cut the network).
+
+use super::venv_python;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3_server.py")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_ready(args: &[String]) -> Child {
+    let mut c = Command::new(venv_python())
+        .arg(script())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tests/s3_server.py");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "s3_server.py {args:?} did not start");
+    c
+}
+
+pub struct S3Server {
+    server: Child,
+    pub port: u16,
+    proxy: Option<Child>,
+    pub proxy_port: u16,
+}
+
+impl S3Server {
+    /// Starts the server and its proxy; the credentials the clients use
+    /// come from the environment, set here.
+    pub fn start() -> S3Server {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+        std::env::set_var("AWS_REGION", "us-east-1");
+        let port = free_port();
+        let server = spawn_ready(&["server".into(), port.to_string()]);
+        let mut s = S3Server {
+            server,
+            port,
+            proxy: None,
+            proxy_port: free_port(),
+        };
+        s.start_proxy();
+        s
+    }
+
+    /// The endpoint clients use (through the proxy).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.proxy_port)
+    }
+
+    /// The server directly (for uploads and counters).
+    pub fn direct(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Cuts the network: connections to the endpoint are refused, and
+    /// those open are reset.
+    pub fn stop_proxy(&mut self) {
+        if let Some(mut p) = self.proxy.take() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+
+    pub fn start_proxy(&mut self) {
+        assert!(self.proxy.is_none());
+        self.proxy = Some(spawn_ready(&[
+            "proxy".into(),
+            self.proxy_port.to_string(),
+            self.port.to_string(),
+        ]));
+    }
+
+    fn call(&self, path: &str) -> String {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(c, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        s.split_once("\r\n\r\n")
+            .map(|x| x.1.to_string())
+            .unwrap_or_default()
+    }
+
+    /// (object GETs, bytes they returned) since the last reset.
+    pub fn gets(&self) -> (u64, u64) {
+        let v: serde_json::Value = serde_json::from_str(&self.call("/__stats")).unwrap();
+        (
+            v["gets"].as_u64().unwrap(),
+            v["get_bytes"].as_u64().unwrap(),
+        )
+    }
+
+    pub fn reset(&self) {
+        self.call("/__reset");
+    }
+
+    /// Creates `bucket` if needed and uploads each (key, file).
+    pub fn put(&self, bucket: &str, objects: &[(String, &Path)]) {
+        let mut cmd = Command::new(venv_python());
+        cmd.arg(script()).arg("put").arg(self.direct()).arg(bucket);
+        for (k, p) in objects {
+            cmd.arg(format!("{k}={}", p.display()));
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Uploads every regular file below `dir` under `prefix`.
+    pub fn put_tree(&self, bucket: &str, prefix: &str, dir: &Path) {
+        fn walk(root: &Path, d: &Path, out: &mut Vec<(String, std::path::PathBuf)>) {
+            for e in std::fs::read_dir(d).unwrap() {
+                let e = e.unwrap();
+                let t = e.file_type().unwrap();
+                if t.is_dir() {
+                    walk(root, &e.path(), out);
+                } else if t.is_file() {
+                    let rel = e
+                        .path()
+                        .strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned();
+                    out.push((rel, e.path()));
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(dir, dir, &mut files);
+        let objs: Vec<(String, &Path)> = files
+            .iter()
+            .map(|(r, p)| (format!("{prefix}/{r}"), p.as_path()))
+            .collect();
+        self.put(bucket, &objs);
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop_proxy();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}

@@ -1,0 +1,308 @@
+//! `ckptfs mount s3://BUCKET/PREFIX MNT --read-only` against a real
+//! S3-compatible server (moto, `tests/s3_server.py`) on 127.0.0.1: the
+//! same bytes as the store on disk, only the touched frames fetched, a
+//! disk cache that survives a remount and serves without the server, a
+//! damaged cache refetched, and a network failure answered EIO, then
+//! recovered from. Real mounts: root and /dev/fuse, as CI provides.
+
+mod common;
+
+use common::s3::S3Server;
+use common::{gauss_bf16, populate_store, safetensors_file, Aligned, Mount, Rng};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// A safetensors file of 8 bf16 tensors of 2 MiB each, and where each
+/// tensor's bytes start.
+fn eight_tensors() -> (Vec<u8>, Vec<(u64, u64)>) {
+    let mut rng = Rng(15);
+    let t: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| {
+            (
+                format!("layer.{i}.weight"),
+                gauss_bf16(&mut rng, 1 << 20, 0.02),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = t
+        .iter()
+        .map(|(n, b)| (n.as_str(), "BF16", vec![1024, 1024], b.clone()))
+        .collect();
+    let f = safetensors_file(&refs, None);
+    let data_start = 8 + u64::from_le_bytes(f[..8].try_into().unwrap());
+    let spans = (0..8u64)
+        .map(|i| (data_start + i * (2 << 20), 2 << 20))
+        .collect();
+    (f, spans)
+}
+
+struct Fixture {
+    server: S3Server,
+    m: Mount,
+    pairs: Vec<(String, PathBuf)>,
+    cache: PathBuf,
+    big: Vec<u8>,
+    spans: Vec<(u64, u64)>,
+}
+
+fn mount_args(server: &S3Server, cache: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "--read-only".into(),
+        "--endpoint-url".into(),
+        server.endpoint(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+        "--request-timeout".into(),
+        "2".into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// A store (the test vectors, a config, a subdirectory, an 8-tensor
+/// archive) packed locally, uploaded to `bucket/models`, mounted.
+fn fixture(bucket: &str, extra: &[&str]) -> Fixture {
+    let server = S3Server::start();
+    let cache_dir = tempfile::tempdir().unwrap().keep();
+    let cache = cache_dir.join("cache");
+    let (big, spans) = eight_tensors();
+    let mut pairs = Vec::new();
+    let url = format!("s3://{bucket}/models");
+    let args = mount_args(&server, &cache, extra);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let m = Mount::of_store_arg(
+        |store| {
+            pairs = populate_store(store);
+            std::fs::remove_file(store.join("config-link.json")).unwrap();
+            let orig = store.join("big.safetensors.orig");
+            std::fs::write(&orig, &big).unwrap();
+            common::pack(&orig, &store.join("big.safetensors.zstn"));
+            std::fs::rename(&orig, cache_dir.join("big.safetensors")).unwrap();
+            pairs.push(("big.safetensors".into(), cache_dir.join("big.safetensors")));
+            server.put_tree(bucket, "models", store);
+        },
+        &url,
+        &args,
+    );
+    Fixture {
+        server,
+        m,
+        pairs,
+        cache,
+        big,
+        spans,
+    }
+}
+
+fn read_all_identical(f: &Fixture) {
+    for (name, orig) in &f.pairs {
+        let got = std::fs::read(f.m.path(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(got == std::fs::read(orig).unwrap(), "{name}: bytes differ");
+    }
+    assert_eq!(
+        std::fs::read(f.m.path("config.json")).unwrap(),
+        std::fs::read(f.m.store.join("config.json")).unwrap()
+    );
+}
+
+#[test]
+fn every_file_reads_identical_and_only_touched_frames_are_fetched() {
+    let f = fixture("read", &[]);
+    let stored = std::fs::metadata(f.m.store.join("big.safetensors.zstn"))
+        .unwrap()
+        .len();
+    // The listing shows the store as a local mount would.
+    let mut names: Vec<String> = std::fs::read_dir(&f.m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.contains(&"big.safetensors".to_string()), "{names:?}");
+    assert!(names.contains(&"sub".to_string()), "{names:?}");
+    assert!(names.iter().all(|n| !n.ends_with(".zstn")), "{names:?}");
+    assert_eq!(
+        std::fs::metadata(f.m.path("big.safetensors"))
+            .unwrap()
+            .len(),
+        f.big.len() as u64
+    );
+
+    // 64 KiB inside one tensor (O_DIRECT: no kernel read-ahead): that
+    // tensor's frame is fetched, not the other seven.
+    f.server.reset();
+    let (off, _) = f.spans[5];
+    let off = off.next_multiple_of(4096) + (256 << 10);
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(f.m.path("big.safetensors"))
+        .unwrap();
+    let mut a = Aligned::new(64 << 10);
+    d.read_exact_at(a.as_mut(), off).unwrap();
+    assert!(a.as_mut()[..] == f.big[off as usize..off as usize + (64 << 10)]);
+    let (gets, bytes) = f.server.gets();
+    eprintln!("64 KiB of tensor 5: {gets} GETs, {bytes} of {stored} stored bytes");
+    assert!(gets >= 1, "nothing fetched?");
+    assert!(
+        bytes < stored / 4,
+        "64 KiB of one tensor of eight fetched {bytes} of {stored} stored bytes"
+    );
+
+    // Everything, by read(2), mmap and O_DIRECT.
+    read_all_identical(&f);
+    for (name, orig) in &f.pairs {
+        let want = std::fs::read(orig).unwrap();
+        let file = File::open(f.m.path(name)).unwrap();
+        if !want.is_empty() {
+            // SAFETY: a read-only map of a file nobody truncates meanwhile.
+            let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+            assert!(map[..] == want[..], "{name}: mmap differs");
+        }
+        let d = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(f.m.path(name))
+            .unwrap();
+        let mut a = Aligned::new(want.len().div_ceil(4096).max(1) * 4096);
+        let n = d.read_at(a.as_mut(), 0).unwrap();
+        assert_eq!(n, want.len(), "{name}: O_DIRECT length");
+        assert!(a.as_mut()[..n] == want[..], "{name}: O_DIRECT differs");
+    }
+    // safetensors' safe_open in the venv.
+    let mut cmd = std::process::Command::new(common::venv_python());
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_safetensors_check.py"));
+    for (name, orig) in &f.pairs {
+        cmd.arg(f.m.path(name)).arg(orig);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_disk_cache_survives_a_remount_and_serves_without_the_server() {
+    let mut f = fixture("remount", &[]);
+    read_all_identical(&f);
+    f.m.unmount().expect("daemon exits");
+    f.server.stop_proxy();
+    f.server.reset();
+    let args = mount_args(&f.server, &f.cache, &[]);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    f.m.remount(&args);
+    read_all_identical(&f);
+    assert_eq!(
+        f.server.gets(),
+        (0, 0),
+        "the cache should have served everything"
+    );
+}
+
+#[test]
+fn a_damaged_cache_block_is_detected_and_fetched_again() {
+    let mut f = fixture("damage", &[]);
+    read_all_identical(&f);
+    f.m.unmount().expect("daemon exits");
+    // Flip bytes in the middle of each tensor's frame in the cached copy.
+    let cached = f.cache.join("mirror/big.safetensors.zstn");
+    let mut bytes = std::fs::read(&cached).unwrap();
+    let n = bytes.len();
+    for k in 1..8 {
+        bytes[n * k / 9] ^= 0x55;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cached)
+        .unwrap()
+        .write_all_at(&bytes, 0)
+        .unwrap();
+    let args = mount_args(&f.server, &f.cache, &[]);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    f.server.reset();
+    f.m.remount(&args);
+    assert!(std::fs::read(f.m.path("big.safetensors")).unwrap() == f.big);
+    let (gets, _) = f.server.gets();
+    assert!(gets >= 1, "the damaged frames were not fetched again");
+    assert!(
+        f.m.log_text()
+            .contains("failed their checksum; fetching them again"),
+        "{}",
+        f.m.log_text()
+    );
+}
+
+#[test]
+fn the_server_out_of_reach_gives_eio_and_the_mount_recovers() {
+    let mut f = fixture("outage", &[]);
+    let file = File::open(f.m.path("big.safetensors")).unwrap();
+    let (off, len) = f.spans[0];
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, off).unwrap();
+    f.server.stop_proxy();
+    // A file none of whose bytes were fetched (read-ahead may have fetched
+    // the rest of the first one).
+    let name = "packed_fp32_dense.safetensors";
+    let want = std::fs::read(f.m.store.join("packed_fp32_dense.safetensors.zstn")).unwrap();
+    let e = std::fs::read(f.m.path(name)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        f.m.log_text()
+            .contains("s3://outage/models/packed_fp32_dense.safetensors.zstn"),
+        "the log should name the object: {}",
+        f.m.log_text()
+    );
+    f.server.start_proxy();
+    assert!(!want.is_empty());
+    read_all_identical(&f);
+}
+
+#[test]
+fn a_replaced_object_is_a_new_version_and_open_handles_keep_the_old() {
+    let f = fixture("versions", &["--metadata-ttl", "0.5"]);
+    let old = File::open(f.m.path("big.safetensors")).unwrap();
+    let mut before = vec![0u8; f.big.len()];
+    old.read_exact_at(&mut before, 0).unwrap();
+    assert!(before == f.big);
+    // Replace the object with another model.
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(99);
+    let other = safetensors_file(
+        &[(
+            "w",
+            "BF16",
+            vec![512, 512],
+            gauss_bf16(&mut rng, 512 * 512, 0.1),
+        )],
+        None,
+    );
+    std::fs::write(dir.path().join("o.safetensors"), &other).unwrap();
+    common::pack(
+        &dir.path().join("o.safetensors"),
+        &dir.path().join("o.zstn"),
+    );
+    f.server.put(
+        "versions",
+        &[(
+            "models/big.safetensors.zstn".to_string(),
+            &dir.path().join("o.zstn"),
+        )],
+    );
+    // Within a few listings the name shows the new version...
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen = std::fs::read(f.m.path("big.safetensors")).unwrap_or_default();
+        if seen == other {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(seen == other, "the new version never showed up");
+    // ...while the handle opened before still reads the old bytes.
+    let mut again = vec![0u8; f.big.len()];
+    old.read_exact_at(&mut again, 0).unwrap();
+    assert!(again == f.big);
+}

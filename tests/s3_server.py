@@ -1,0 +1,106 @@
+"""An S3-compatible server for the tests: moto's server on 127.0.0.1, with
+a middleware that counts what it serves, and an optional TCP proxy in front
+of it that the tests stop and start to cut the network.
+
+    python s3_server.py server PORT      # moto; GET /__stats, POST /__reset
+    python s3_server.py proxy PORT UPSTREAM_PORT
+    python s3_server.py put ENDPOINT BUCKET [KEY=PATH ...]   # (boto3)
+
+/__stats answers {"gets": n, "get_bytes": n, "ranges": ["bytes=a-b", ...],
+"keys": {key: bytes}} for the object GETs since the last /__reset.
+"""
+
+import json
+import socket
+import sys
+import threading
+
+def serve(port):
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = DomainDispatcherApplication(create_backend_app)
+    lock = threading.Lock()
+    stats = {"gets": 0, "get_bytes": 0, "ranges": [], "keys": {}}
+
+    def counting(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/__stats":
+            with lock:
+                body = json.dumps(stats).encode()
+            start_response("200 OK", [("Content-Type", "application/json"),
+                                      ("Content-Length", str(len(body)))])
+            return [body]
+        if path == "/__reset":
+            with lock:
+                stats.update(gets=0, get_bytes=0, ranges=[], keys={})
+            start_response("200 OK", [("Content-Length", "0")])
+            return [b""]
+        is_get = environ["REQUEST_METHOD"] == "GET" and environ.get("QUERY_STRING", "") == ""
+        result = app(environ, start_response)
+        if not is_get:
+            return result
+        body = b"".join(result)
+        with lock:
+            stats["gets"] += 1
+            stats["get_bytes"] += len(body)
+            stats["ranges"].append(environ.get("HTTP_RANGE", ""))
+            stats["keys"][path] = stats["keys"].get(path, 0) + len(body)
+        return [body]
+
+    srv = make_server("127.0.0.1", port, counting, threaded=True)
+    print("ready", flush=True)
+    srv.serve_forever()
+
+
+def proxy(port, upstream):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(64)
+    print("ready", flush=True)
+
+    def pipe(a, b):
+        try:
+            while True:
+                d = a.recv(1 << 16)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    while True:
+        c, _ = ls.accept()
+        u = socket.create_connection(("127.0.0.1", upstream))
+        threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+        threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+
+
+def put(endpoint, bucket, pairs):
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      aws_access_key_id="test", aws_secret_access_key="test")
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for p in pairs:
+        key, path = p.split("=", 1)
+        s3.upload_file(path, bucket, key)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "put":
+        put(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "server":
+        serve(int(sys.argv[2]))
+    else:
+        proxy(int(sys.argv[2]), int(sys.argv[3]))
