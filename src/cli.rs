@@ -286,6 +286,9 @@ pub struct MountArgs {
     /// Log file of the background daemon (default: ~/.local/state/ckptfs/mount-<mountpoint>.log).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+    /// Beside each model (a directory with config.json, or a .blz), show a read-only NAME.<CAST>.gguf, computed on demand from the store: the bytes `ckptfs export NAME --to gguf --cast CAST` writes.
+    #[arg(long, value_enum, value_name = "CAST")]
+    pub gguf: Option<ExportCast>,
     /// S3 stores (STORE = s3://BUCKET/PREFIX): the S3 endpoint, for S3-compatible servers (default: AWS_ENDPOINT_URL, else AWS).
     #[arg(long, value_name = "URL")]
     pub endpoint_url: Option<String>,

@@ -1,6 +1,8 @@
 //! A model to read tensors from, whatever holds it: an archive of any kind
 //! (through [`ArchiveView`], so a kind added to `crate::archive` works here
-//! unchanged), a plain `.safetensors` file, or a model directory.
+//! unchanged), a plain `.safetensors` file, or a model directory (whose
+//! `X.zstn` shards are presented as `X.safetensors`, as the mount shows
+//! them).
 //!
 //! A [`Model`] is a list of files (relative `/`-separated paths, sizes) and
 //! the tensors of the files that are safetensors. Tensors are found by
@@ -48,8 +50,16 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 /// Where the bytes come from.
 enum Source {
     Archive(Arc<dyn ArchiveView>),
-    /// Plain files: absolute paths, in the order of [`Model::files`].
-    Plain(Vec<PathBuf>),
+    /// Files, in the order of [`Model::files`]: plain ones, or (in a model
+    /// directory) single-file archives presented as the `.safetensors`
+    /// they hold.
+    Files(Vec<FileSource>),
+}
+
+enum FileSource {
+    /// An absolute path.
+    Plain(PathBuf),
+    Archive(Arc<dyn ArchiveView>),
 }
 
 /// One file of the model.
@@ -103,19 +113,8 @@ impl Model {
                 path: path.display().to_string(),
                 what: e.to_string(),
             })?;
-            let mut files = Vec::new();
-            let mut abs = Vec::new();
-            for (rel, p) in walked {
-                let len = std::fs::metadata(&p).map_err(io)?.len();
-                files.push(ModelFile {
-                    path: rel,
-                    len,
-                    header: None,
-                    data_start: 0,
-                });
-                abs.push(p);
-            }
-            return Model::build(path, Source::Plain(abs), files);
+            let (files, sources) = dir_files(walked)?;
+            return Model::build(path, Source::Files(sources), files);
         }
         let mut head = [0u8; 8];
         let n = File::open(path)
@@ -127,25 +126,7 @@ impl Model {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if archive::Kind::detect(head).is_some() || archive::unsupported_kind(head).is_some() {
-            let a = archive::open(path)?;
-            let stem = path
-                .file_stem()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let files = (0..a.files())
-                .map(|i| ModelFile {
-                    // A single-file archive presents the .safetensors it
-                    // reconstructs, under the archive's own name.
-                    path: match a.file_path(i) {
-                        "" => format!("{stem}.safetensors"),
-                        p => p.to_string(),
-                    },
-                    len: a.logical_len(i),
-                    header: None,
-                    data_start: 0,
-                })
-                .collect();
-            return Model::build(path, Source::Archive(a), files);
+            return Model::from_archive(archive::open(path)?, path);
         }
         let file = ModelFile {
             path: if is_safetensors(&name) {
@@ -157,7 +138,34 @@ impl Model {
             header: None,
             data_start: 0,
         };
-        Model::build(path, Source::Plain(vec![path.to_path_buf()]), vec![file])
+        Model::build(
+            path,
+            Source::Files(vec![FileSource::Plain(path.to_path_buf())]),
+            vec![file],
+        )
+    }
+
+    /// The model an already opened archive presents (`path` names it in
+    /// messages and gives `general.name`-style stems).
+    pub fn from_archive(a: Arc<dyn ArchiveView>, path: &Path) -> Result<Model> {
+        let stem = path
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let files = (0..a.files())
+            .map(|i| ModelFile {
+                // A single-file archive presents the .safetensors it
+                // reconstructs, under the archive's own name.
+                path: match a.file_path(i) {
+                    "" => format!("{stem}.safetensors"),
+                    p => p.to_string(),
+                },
+                len: a.logical_len(i),
+                header: None,
+                data_start: 0,
+            })
+            .collect();
+        Model::build(path, Source::Archive(a), files)
     }
 
     fn build(path: &Path, source: Source, files: Vec<ModelFile>) -> Result<Model> {
@@ -215,7 +223,7 @@ impl Model {
     pub fn archive(&self) -> Option<&Arc<dyn ArchiveView>> {
         match &self.source {
             Source::Archive(a) => Some(a),
-            Source::Plain(_) => None,
+            Source::Files(_) => None,
         }
     }
 
@@ -231,7 +239,9 @@ impl Model {
     /// How messages name file `i`: `MODEL/REL` (or the file itself).
     pub fn file_label(&self, i: usize) -> String {
         match &self.source {
-            Source::Plain(v) if v.len() == 1 && v[0] == self.path => {
+            Source::Files(v)
+                if v.len() == 1 && matches!(&v[0], FileSource::Plain(p) if *p == self.path) =>
+            {
                 self.path.display().to_string()
             }
             _ => format!("{}/{}", self.path.display(), self.files[i].path),
@@ -282,23 +292,27 @@ impl Model {
     /// the count. Archive blocks are decoded in parallel.
     pub fn read_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<usize> {
         match &self.source {
-            Source::Plain(paths) => {
-                let p = &paths[i];
-                let io = |source| ModelError::Io {
-                    path: p.display().to_string(),
-                    source,
-                };
-                let f = File::open(p).map_err(io)?;
-                let len = self.files[i].len;
-                if offset >= len {
-                    return Ok(0);
-                }
-                let n = (buf.len() as u64).min(len - offset) as usize;
-                f.read_exact_at(&mut buf[..n], offset).map_err(io)?;
-                Ok(n)
-            }
+            Source::Files(v) => match &v[i] {
+                FileSource::Plain(p) => self.read_plain(p, i, offset, buf),
+                FileSource::Archive(a) => Ok(read_par(&**a, 0, offset, buf)?),
+            },
             Source::Archive(a) => Ok(read_par(&**a, i, offset, buf)?),
         }
+    }
+
+    fn read_plain(&self, p: &Path, i: usize, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let io = |source| ModelError::Io {
+            path: p.display().to_string(),
+            source,
+        };
+        let f = File::open(p).map_err(io)?;
+        let len = self.files[i].len;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        f.read_exact_at(&mut buf[..n], offset).map_err(io)?;
+        Ok(n)
     }
 
     fn read_exact_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -349,16 +363,22 @@ impl Model {
 
     /// Copies file `i` into `w` byte for byte.
     pub fn copy_file(&self, i: usize, w: &mut dyn Write, progress: &dyn Fn(u64)) -> Result<()> {
-        match &self.source {
-            Source::Archive(a) => archive::write_to(&**a, i, w, progress).map_err(|e| match e {
-                archive::WriteError::Archive(e) => e.into(),
-                archive::WriteError::Write(e) => ModelError::Output(e),
-            }),
-            Source::Plain(_) => self.stream_range(i, 0, self.files[i].len, 1, &mut |b| {
-                progress(b.len() as u64);
-                w.write_all(b)
-            }),
-        }
+        let (a, file) = match &self.source {
+            Source::Archive(a) => (a, i),
+            Source::Files(v) => match &v[i] {
+                FileSource::Archive(a) => (a, 0),
+                FileSource::Plain(_) => {
+                    return self.stream_range(i, 0, self.files[i].len, 1, &mut |b| {
+                        progress(b.len() as u64);
+                        w.write_all(b)
+                    })
+                }
+            },
+        };
+        archive::write_to(&**a, file, w, progress).map_err(|e| match e {
+            archive::WriteError::Archive(e) => e.into(),
+            archive::WriteError::Write(e) => ModelError::Output(e),
+        })
     }
 
     /// Reads a small non-tensor file (config.json, tokenizer.json) whole.
@@ -375,6 +395,84 @@ impl Model {
         self.read_exact_at(i, 0, &mut v)?;
         Ok(v)
     }
+}
+
+/// The files of a model directory walked by `pack::walk`: each plain file
+/// as it is, except that a single-file archive `X.zstn` or
+/// `X.safetensors.zstn` is presented as the `X.safetensors` it holds, as
+/// the mount presents it (a plain `X.safetensors` wins over both, and
+/// `X.safetensors.zstn` over `X.zstn`; the loser is left out).
+fn dir_files(walked: Vec<(String, PathBuf)>) -> Result<(Vec<ModelFile>, Vec<FileSource>)> {
+    let shown = |rel: &str| -> Option<String> {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let n = name.strip_suffix(".zstn")?;
+        if n.is_empty() || n == ".safetensors" {
+            return None;
+        }
+        let n = n.strip_suffix(".safetensors").unwrap_or(n);
+        Some(if dir.is_empty() {
+            format!("{n}.safetensors")
+        } else {
+            format!("{dir}/{n}.safetensors")
+        })
+    };
+    let plain: std::collections::HashSet<&str> = walked
+        .iter()
+        .filter(|(r, _)| shown(r).is_none())
+        .map(|(r, _)| r.as_str())
+        .collect();
+    // Presented name -> (rank, index into walked): the long archive name
+    // ranks first.
+    let mut best = std::collections::HashMap::<String, (u8, usize)>::new();
+    for (k, (r, _)) in walked.iter().enumerate() {
+        let Some(s) = shown(r) else { continue };
+        if plain.contains(s.as_str()) {
+            continue;
+        }
+        let rank = u8::from(!r.ends_with(".safetensors.zstn"));
+        let e = best.entry(s).or_insert((rank, k));
+        if rank < e.0 {
+            *e = (rank, k);
+        }
+    }
+    let mut out: Vec<(String, ModelFile, FileSource)> = Vec::new();
+    for (k, (rel, p)) in walked.into_iter().enumerate() {
+        let io = |source| ModelError::Io {
+            path: p.display().to_string(),
+            source,
+        };
+        match shown(&rel) {
+            None => {
+                let len = std::fs::metadata(&p).map_err(io)?.len();
+                let f = ModelFile {
+                    path: rel.clone(),
+                    len,
+                    header: None,
+                    data_start: 0,
+                };
+                out.push((rel, f, FileSource::Plain(p)));
+            }
+            Some(s) if best.get(&s).is_some_and(|b| b.1 == k) => {
+                let a = archive::open(&p)?;
+                if a.files() != 1 || !a.file_path(0).is_empty() {
+                    return Err(ModelError::Input {
+                        path: p.display().to_string(),
+                        what: "a model-directory archive named as a single file".into(),
+                    });
+                }
+                let f = ModelFile {
+                    path: s.clone(),
+                    len: a.logical_len(0),
+                    header: None,
+                    data_start: 0,
+                };
+                out.push((s, f, FileSource::Archive(a)));
+            }
+            Some(_) => {}
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out.into_iter().map(|(_, f, s)| (f, s)).unzip())
 }
 
 /// Reads `buf.len()` bytes of file `file` at `offset` from an archive,

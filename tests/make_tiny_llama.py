@@ -1,8 +1,11 @@
 """Writes a tiny llama model directory (2 layers, hidden 64, GQA 4/2 heads,
 the tensor names and config.json keys transformers' LlamaForCausalLM
 uses) with a byte-level BPE tokenizer trained by `tokenizers` on a few
-sentences: python make_tiny_llama.py OUT [f32|bf16|f16] [SHARDS] [HIDDEN].
-Deterministic (seeded numpy)."""
+sentences: python make_tiny_llama.py OUT [f32|bf16|f16] [SHARDS] [HIDDEN]
+[STD]. Weights are normal with standard deviation STD (default 0.2; 0.02 is
+transformers' initializer_range for llama, a well-conditioned model whose
+logits move with its weights by about as much as they change, as a trained
+model's do). Deterministic (seeded numpy)."""
 
 import json
 import os
@@ -19,6 +22,7 @@ dtype = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}[
 ]
 shards = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 hidden = int(sys.argv[4]) if len(sys.argv) > 4 else 64
+std = float(sys.argv[5]) if len(sys.argv) > 5 else 0.2
 os.makedirs(out, exist_ok=True)
 text = [
     "the quick brown fox jumps over the lazy dog",
@@ -68,7 +72,7 @@ t["model.norm.weight"] = (H,)
 t["lm_head.weight"] = (V, H)
 tensors = {}
 for name, shape in t.items():
-    x = rng.normal(0, 0.2, size=shape).astype(np.float32)
+    x = rng.normal(0, std, size=shape).astype(np.float32)
     if len(shape) == 1:
         x = 1.0 + x
     tensors[name] = x.astype(dtype)

@@ -146,6 +146,9 @@ pub enum Kind {
     Blazex,
     /// ckptfs's delta: a z4ai `Z4DM` with ckptfs's `CKD1` trailer.
     Delta,
+    /// Not a file: the mount's GGUF view of a model
+    /// (`crate::export::gguf_view`), never detected from bytes.
+    GgufView,
 }
 
 impl Kind {
@@ -171,6 +174,7 @@ impl Kind {
             Kind::Blz => "ckptfs-blz-v1",
             Kind::Blazex => "blazex-blz-v1",
             Kind::Delta => "ckptfs-delta-v1",
+            Kind::GgufView => "gguf-v3-view",
         }
     }
 }
@@ -455,7 +459,7 @@ fn from_backing_in(
                 unsupported_kind(head).unwrap_or_default()
             ),
         }),
-        None => Err(ArchiveError::Unrecognised {
+        Some(Kind::GgufView) | None => Err(ArchiveError::Unrecognised {
             path: path.to_path_buf(),
             what: format!(
                 "not a .blz archive (ckptfs's or BLAZE-X's) or ZSTN archive (magic {:?})",

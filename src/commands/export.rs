@@ -18,14 +18,7 @@ pub fn run(g: Global, a: ExportArgs) -> Result<ExitCode> {
             ExportTarget::Raw => Target::Raw,
             ExportTarget::Gguf => Target::Gguf,
         },
-        cast: a.cast.map(|c| match c {
-            ExportCast::F32 => Cast::F32,
-            ExportCast::F16 => Cast::F16,
-            ExportCast::Bf16 => Cast::BF16,
-            ExportCast::Q8_0 => Cast::Q8_0,
-            ExportCast::Q4_0 => Cast::Q4_0,
-            ExportCast::Q4K => Cast::Q4K,
-        }),
+        cast: a.cast.map(cast_of),
         force: a.force,
     };
     let pb = progress(g, export::source_bytes(&m), "export");
@@ -48,4 +41,16 @@ pub fn run(g: Global, a: ExportArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The export cast a `--cast`/`--gguf` value names.
+pub(crate) fn cast_of(c: ExportCast) -> Cast {
+    match c {
+        ExportCast::F32 => Cast::F32,
+        ExportCast::F16 => Cast::F16,
+        ExportCast::Bf16 => Cast::BF16,
+        ExportCast::Q8_0 => Cast::Q8_0,
+        ExportCast::Q4_0 => Cast::Q4_0,
+        ExportCast::Q4K => Cast::Q4K,
+    }
 }

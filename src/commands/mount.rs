@@ -131,6 +131,12 @@ pub(super) fn log_path(mountpoint: &Path) -> PathBuf {
 pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode> {
     if let Some(url) = a.store.to_str().and_then(crate::store::s3::S3Url::parse) {
         let url = url.map_err(anyhow::Error::msg)?;
+        if a.gguf.is_some() {
+            return Err(anyhow::anyhow!(
+                "{}: --gguf is not supported for s3:// stores (only local STORE directories)",
+                a.store.display()
+            ));
+        }
         return super::mount_s3::run(a, url, threads);
     }
     let store = a
@@ -218,6 +224,9 @@ pub(super) fn background(
     }
     if let Some(l) = &a.log_level {
         cmd.arg("--log-level").arg(l);
+    }
+    if let Some(c) = a.gguf {
+        cmd.arg("--gguf").arg(super::export::cast_of(c).name());
     }
     if let Some(e) = &a.endpoint_url {
         cmd.arg("--endpoint-url").arg(e);
@@ -362,6 +371,10 @@ pub(super) fn foreground(
         allow_other: a.allow_other,
     })
     .with_context(|| store.display().to_string())?;
+    let fs = match a.gguf {
+        Some(c) => fs.with_gguf(super::export::cast_of(c)),
+        None => fs,
+    };
     let fs = std::sync::Arc::new(fs);
     // Modes of created files arrive with the caller's umask applied; the
     // daemon's own must not apply twice.

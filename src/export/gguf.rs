@@ -49,6 +49,16 @@ impl GgmlType {
             GgmlType::BF16 => "bf16",
         }
     }
+    /// Elements per block and bytes per block.
+    fn block(self) -> (u64, u64) {
+        match self {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 | GgmlType::BF16 => (1, 2),
+            GgmlType::Q4_0 => (32, quant::Q4_0_BYTES as u64),
+            GgmlType::Q8_0 => (32, quant::Q8_0_BYTES as u64),
+            GgmlType::Q4K => (256, quant::Q4_K_BYTES as u64),
+        }
+    }
     /// Bytes of `n` elements (`n` a multiple of the block size).
     fn bytes(self, n: u64) -> u64 {
         match self {
@@ -564,106 +574,270 @@ fn file_type(c: Option<Cast>) -> Option<u64> {
     }
 }
 
+/// A GGUF file planned from a model, before any tensor is read: the
+/// header (metadata and tensor infos, padded to the data section) in
+/// memory, and where each tensor's data lies. Any byte range of the file
+/// can then be computed on its own ([`Layout::tensor_bytes`]), which is
+/// how both `export` (in order) and the mount's GGUF view (on demand) make
+/// the same bytes.
+pub struct Layout {
+    head: Vec<u8>,
+    planned: Vec<Planned>,
+    /// Length of the data section (every tensor padded to [`ALIGN`]).
+    data_len: u64,
+    arch: Arch,
+    /// Per-tensor notes (a cast that fell back to another type).
+    notes: Vec<String>,
+}
+
+impl Layout {
+    /// Plans the GGUF of `m` with `cast` (reads config.json, the tokenizer
+    /// and the tensor headers; no tensor data).
+    pub fn new(m: &Model, cast: Option<Cast>) -> Result<Layout> {
+        let h = hparams(m)?;
+        let mut notes = Vec::new();
+        let planned = plan(m, &h, cast, &mut notes)?;
+        let embd_rows = planned
+            .iter()
+            .find(|p| p.name == "token_embd.weight")
+            .and_then(|p| p.dims.get(1).copied())
+            .unwrap_or(0);
+        let a = h.arch.name();
+        let mut kv = Kv::default();
+        kv.str("general.architecture", a);
+        let name = m
+            .path()
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        kv.str("general.name", &name);
+        if let Some(ft) = file_type(cast) {
+            kv.u32("general.file_type", ft);
+        }
+        kv.u32("general.quantization_version", 2);
+        kv.u32(&format!("{a}.context_length"), h.ctx);
+        kv.u32(&format!("{a}.embedding_length"), h.hidden);
+        kv.u32(&format!("{a}.block_count"), h.layers);
+        kv.u32(&format!("{a}.feed_forward_length"), h.ff);
+        kv.u32(&format!("{a}.attention.head_count"), h.heads);
+        kv.u32(&format!("{a}.attention.head_count_kv"), h.kv_heads);
+        kv.f32(&format!("{a}.attention.layer_norm_rms_epsilon"), h.eps);
+        kv.f32(&format!("{a}.rope.freq_base"), h.rope_theta);
+        kv.u32(&format!("{a}.rope.dimension_count"), h.head_dim);
+        if let Some(v) = h.vocab {
+            kv.u32(&format!("{a}.vocab_size"), v);
+        }
+        tokenizer(m, &h, embd_rows, &mut kv)?;
+
+        let mut head = Vec::new();
+        head.extend_from_slice(b"GGUF");
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(planned.len() as u64).to_le_bytes());
+        head.extend_from_slice(&kv.count.to_le_bytes());
+        head.extend_from_slice(&kv.bytes);
+        for p in &planned {
+            put_str(&mut head, &p.name);
+            head.extend_from_slice(&(p.dims.len() as u32).to_le_bytes());
+            for d in &p.dims {
+                head.extend_from_slice(&d.to_le_bytes());
+            }
+            head.extend_from_slice(&(p.ty as u32).to_le_bytes());
+            head.extend_from_slice(&p.offset.to_le_bytes());
+        }
+        head.resize(padded(head.len() as u64) as usize, 0);
+        let data_len = planned.last().map_or(0, |p| p.offset + padded(p.len));
+        Ok(Layout {
+            head,
+            planned,
+            data_len,
+            arch: h.arch,
+            notes,
+        })
+    }
+
+    /// Length of the whole file.
+    pub fn len(&self) -> u64 {
+        self.head.len() as u64 + self.data_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The header, tensor infos and padding: the file's first bytes.
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
+    /// Number of tensors in the file.
+    pub fn tensors(&self) -> usize {
+        self.planned.len()
+    }
+
+    /// The GGUF name of tensor `i`.
+    pub fn tensor_name(&self, i: usize) -> &str {
+        &self.planned[i].name
+    }
+
+    /// Where tensor `i`'s data, padded to the alignment, lies in the file.
+    pub fn tensor_span(&self, i: usize) -> std::ops::Range<u64> {
+        let p = &self.planned[i];
+        let start = self.head.len() as u64 + p.offset;
+        start..start + padded(p.len)
+    }
+
+    /// The size (in bytes of tensor `i`'s data) of the pieces that
+    /// [`Layout::tensor_bytes`] computes independently, chosen so that
+    /// each reads about `source_bytes` of the source tensor: whole
+    /// quantisation blocks, and whole heads of a permuted tensor.
+    pub fn piece_len(&self, m: &Model, i: usize, source_bytes: u64) -> u64 {
+        let p = &self.planned[i];
+        let t = &m.tensors()[p.k];
+        let (elems, out) = self.unit(m, i);
+        let width = Dtype::parse(&t.dtype).map_or(4, |d| cast::width(d) as u64);
+        let per = (source_bytes / (elems * width).max(1)).max(1);
+        per * out
+    }
+
+    /// The smallest piece of tensor `i` computed on its own: (source
+    /// elements, output bytes).
+    fn unit(&self, m: &Model, i: usize) -> (u64, u64) {
+        let p = &self.planned[i];
+        let (elems, out) = p.ty.block();
+        match p.permute {
+            None => (elems, out),
+            Some(heads) => {
+                let t = &m.tensors()[p.k];
+                let rows_per_head = t.shape[0] / heads;
+                let n = rows_per_head * t.shape[1];
+                (n, n / elems * out)
+            }
+        }
+    }
+
+    /// Bytes `range` of tensor `i`'s padded data (see
+    /// [`Layout::tensor_span`]). `range.start` must be a multiple of
+    /// [`Layout::piece_len`]'s unit and `range.end` one too or the padded
+    /// end; reads only the source elements the range covers.
+    pub fn tensor_bytes(
+        &self,
+        m: &Model,
+        i: usize,
+        range: std::ops::Range<u64>,
+    ) -> std::result::Result<Vec<u8>, ModelError> {
+        let p = &self.planned[i];
+        let t: &Tensor = &m.tensors()[p.k];
+        let dt = Dtype::parse(&t.dtype).expect("checked in plan");
+        let width = cast::width(dt) as u64;
+        let (elems, out) = self.unit(m, i);
+        let data_end = range.end.min(p.len);
+        let mut bytes = Vec::new();
+        if range.start < data_end {
+            debug_assert!(range.start.is_multiple_of(out) && data_end.is_multiple_of(out));
+            let e0 = range.start / out * elems;
+            let e1 = data_end / out * elems;
+            let mut src = Vec::new();
+            m.stream_range(
+                t.file,
+                t.offset + e0 * width,
+                (e1 - e0) * width,
+                1,
+                &mut |b| {
+                    src.extend_from_slice(b);
+                    Ok(())
+                },
+            )?;
+            if let Some(heads) = p.permute {
+                // Output row r of a head, pair half i, element j of the
+                // pair comes from the head's source row j·half + i.
+                let rows_per_head = t.shape[0] / heads;
+                let half = rows_per_head / 2;
+                let row = (t.shape[1] * width) as usize;
+                let head_bytes = rows_per_head as usize * row;
+                let mut perm = vec![0u8; src.len()];
+                for (s, d) in src.chunks(head_bytes).zip(perm.chunks_mut(head_bytes)) {
+                    for i in 0..half as usize {
+                        for j in 0..2 {
+                            let dst = i * 2 + j;
+                            let from = j * half as usize + i;
+                            d[dst * row..(dst + 1) * row]
+                                .copy_from_slice(&s[from * row..(from + 1) * row]);
+                        }
+                    }
+                }
+                src = perm;
+            }
+            bytes = encode(dt, p.ty, &src);
+        }
+        bytes.resize((range.end - range.start) as usize, 0);
+        Ok(bytes)
+    }
+
+    /// Source bytes tensor `i` reads in all.
+    fn source_len(&self, m: &Model, i: usize) -> u64 {
+        m.tensors()[self.planned[i].k].len
+    }
+
+    /// The summary line's counts: "GGUF v3, arch A, N tensors (...)".
+    fn summary(&self) -> String {
+        let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+        for p in &self.planned {
+            *counts.entry(p.ty.name()).or_default() += 1;
+        }
+        format!(
+            "GGUF v3, arch {}, {} tensors ({})",
+            self.arch.name(),
+            self.planned.len(),
+            counts
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+fn padded(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
 pub fn export(
     m: &Model,
     out: &Path,
     opts: &Options,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Summary> {
-    let h = hparams(m)?;
-    let mut notes = Vec::new();
-    let planned = plan(m, &h, opts.cast, &mut notes)?;
-    let embd_rows = planned
-        .iter()
-        .find(|p| p.name == "token_embd.weight")
-        .and_then(|p| p.dims.get(1).copied())
-        .unwrap_or(0);
-    let a = h.arch.name();
-    let mut kv = Kv::default();
-    kv.str("general.architecture", a);
-    let name = m
-        .path()
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    kv.str("general.name", &name);
-    if let Some(ft) = file_type(opts.cast) {
-        kv.u32("general.file_type", ft);
-    }
-    kv.u32("general.quantization_version", 2);
-    kv.u32(&format!("{a}.context_length"), h.ctx);
-    kv.u32(&format!("{a}.embedding_length"), h.hidden);
-    kv.u32(&format!("{a}.block_count"), h.layers);
-    kv.u32(&format!("{a}.feed_forward_length"), h.ff);
-    kv.u32(&format!("{a}.attention.head_count"), h.heads);
-    kv.u32(&format!("{a}.attention.head_count_kv"), h.kv_heads);
-    kv.f32(&format!("{a}.attention.layer_norm_rms_epsilon"), h.eps);
-    kv.f32(&format!("{a}.rope.freq_base"), h.rope_theta);
-    kv.u32(&format!("{a}.rope.dimension_count"), h.head_dim);
-    if let Some(v) = h.vocab {
-        kv.u32(&format!("{a}.vocab_size"), v);
-    }
-    tokenizer(m, &h, embd_rows, &mut kv)?;
-
-    let mut head = Vec::new();
-    head.extend_from_slice(b"GGUF");
-    head.extend_from_slice(&3u32.to_le_bytes());
-    head.extend_from_slice(&(planned.len() as u64).to_le_bytes());
-    head.extend_from_slice(&kv.count.to_le_bytes());
-    head.extend_from_slice(&kv.bytes);
-    for p in &planned {
-        put_str(&mut head, &p.name);
-        head.extend_from_slice(&(p.dims.len() as u32).to_le_bytes());
-        for d in &p.dims {
-            head.extend_from_slice(&d.to_le_bytes());
-        }
-        head.extend_from_slice(&(p.ty as u32).to_le_bytes());
-        head.extend_from_slice(&p.offset.to_le_bytes());
-    }
-    let pad = |n: u64| vec![0u8; (n.div_ceil(ALIGN) * ALIGN - n) as usize];
-    let head_pad = pad(head.len() as u64);
-
+    let layout = Layout::new(m, opts.cast)?;
     let mut s = Summary {
         files: 1,
-        tensors: planned.len(),
-        source_bytes: planned.iter().map(|p| m.tensors()[p.k].len).sum(),
-        notes,
+        tensors: layout.tensors(),
+        source_bytes: (0..layout.tensors()).map(|i| layout.source_len(m, i)).sum(),
+        notes: layout.notes.clone(),
         ..Summary::default()
     };
     let mut failed = None;
     let r = crate::fsutil::write_atomic(out, opts.force, |w| {
-        w.write_all(&head)?;
-        w.write_all(&head_pad)?;
-        let mut pos = 0u64;
-        for p in &planned {
-            debug_assert_eq!(pos, p.offset);
-            let mut written = 0u64;
-            let res = write_tensor(
-                m,
-                p,
-                &mut |b: &[u8]| {
-                    written += b.len() as u64;
-                    w.write_all(b)
-                },
-                progress,
-            );
-            match res {
-                Ok(()) => {}
-                Err(ModelError::Output(e)) => return Err(e),
-                Err(e) => {
-                    failed = Some(e);
-                    return Err(io::Error::other("reading the model failed"));
+        w.write_all(layout.head())?;
+        for i in 0..layout.tensors() {
+            let span = layout.tensor_span(i);
+            let len = span.end - span.start;
+            let step = layout.piece_len(m, i, crate::model::CHUNK);
+            let total_src = layout.source_len(m, i) as u128;
+            let (mut pos, mut reported) = (0, 0);
+            while pos < len {
+                let end = (pos + step).min(len);
+                match layout.tensor_bytes(m, i, pos..end) {
+                    Ok(b) => w.write_all(&b)?,
+                    Err(e) => {
+                        failed = Some(e);
+                        return Err(io::Error::other("reading the model failed"));
+                    }
                 }
+                pos = end;
+                let done = (total_src * pos as u128 / len as u128) as u64;
+                progress(done - reported);
+                reported = done;
             }
-            if written != p.len {
-                return Err(io::Error::other(format!(
-                    "{}: wrote {written} bytes, planned {}",
-                    p.name, p.len
-                )));
-            }
-            let pd = pad(p.len);
-            w.write_all(&pd)?;
-            pos += p.len + pd.len() as u64;
         }
         Ok(())
     });
@@ -675,19 +849,7 @@ pub fn export(
         source,
     })?;
     s.written_bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for p in &planned {
-        *counts.entry(p.ty.name()).or_default() += 1;
-    }
-    s.notes.push(format!(
-        "GGUF v3, arch {a}, {} tensors ({})",
-        planned.len(),
-        counts
-            .iter()
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
+    s.notes.push(layout.summary());
     Ok(s)
 }
 
@@ -710,58 +872,4 @@ fn encode(dt: Dtype, ty: GgmlType, src: &[u8]) -> Vec<u8> {
         GgmlType::Q4K => out = quant::q4_k(&cast::to_f32(dt, src)),
     }
     out
-}
-
-/// Streams one planned tensor's GGUF bytes to `w`.
-fn write_tensor(
-    m: &Model,
-    p: &Planned,
-    w: &mut dyn FnMut(&[u8]) -> io::Result<()>,
-    progress: &(dyn Fn(u64) + Sync),
-) -> std::result::Result<(), ModelError> {
-    let t: &Tensor = &m.tensors()[p.k];
-    let dt = Dtype::parse(&t.dtype).expect("checked in plan");
-    let width = cast::width(dt) as u64;
-    match p.permute {
-        None => m.stream_tensor(p.k, width * 256, &mut |b| {
-            progress(b.len() as u64);
-            w(&encode(dt, p.ty, b))
-        }),
-        Some(heads) => {
-            // One tensor in memory: output row r of head h, pair half i,
-            // element j of the pair comes from source row h·2·half + j·half + i.
-            let mut src = Vec::new();
-            src.try_reserve_exact(t.len as usize)
-                .map_err(|_| ModelError::Input {
-                    path: m.file_label(t.file),
-                    what: format!("tensor {:?}: cannot allocate {} bytes", t.name, t.len),
-                })?;
-            m.stream_tensor(p.k, 1, &mut |b| {
-                src.extend_from_slice(b);
-                Ok(())
-            })?;
-            progress(t.len);
-            let rows = t.shape[0];
-            let row = (t.len / rows) as usize;
-            let half = rows / heads / 2;
-            let mut perm = vec![0u8; src.len()];
-            for hd in 0..heads {
-                for i in 0..half {
-                    for j in 0..2 {
-                        let dst = (hd * 2 * half + i * 2 + j) as usize;
-                        let from = (hd * 2 * half + j * half + i) as usize;
-                        perm[dst * row..(dst + 1) * row]
-                            .copy_from_slice(&src[from * row..(from + 1) * row]);
-                    }
-                }
-            }
-            drop(src);
-            let step =
-                (crate::model::CHUNK / (width * 256)).max(1) as usize * (width as usize * 256);
-            for c in perm.chunks(step) {
-                w(&encode(dt, p.ty, c)).map_err(ModelError::Output)?;
-            }
-            Ok(())
-        }
-    }
 }

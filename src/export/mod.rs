@@ -18,6 +18,7 @@
 
 pub mod cast;
 pub mod gguf;
+pub mod gguf_view;
 pub mod quant;
 
 use crate::format::safetensors::Dtype;

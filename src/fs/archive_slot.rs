@@ -88,6 +88,11 @@ impl archive::BaseFs for StoreBases<'_> {
     }
 }
 
+/// A new process-wide cache generation.
+pub(super) fn next_generation() -> u64 {
+    GENERATION.fetch_add(1, Ordering::Relaxed)
+}
+
 impl CheckpointFs {
     /// The parsed archive for the backing version `meta` describes,
     /// parsing it if this version has not been seen yet.
@@ -185,7 +190,7 @@ pub(super) fn parse_version(
     }
     Ok(Slot {
         version: version_of(meta),
-        generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        generation: next_generation(),
         archive: archive.map_err(|e| {
             log::warn!("{e} ({shown}; opening it fails with EIO)");
             Arc::new(e.reason())

@@ -57,6 +57,7 @@ impl CheckpointFs {
             NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
                 return Err(FsError::Stale);
             }
+            NodeKind::GgufView => self.gguf_view_of(inode)?.0.logical_len(0),
         };
         let mut attr = attr_from_meta(inode.ino, meta, size);
         if kind == NodeKind::Blz {
@@ -69,6 +70,14 @@ impl CheckpointFs {
             // counted by the files inside (`du` adds them up once).
             attr.size = 4096;
             attr.blocks = 0;
+        }
+        if kind == NodeKind::GgufView {
+            // Computed on demand: read-only, takes no space.
+            attr.kind = FileKind::RegularFile;
+            attr.perm &= 0o444;
+            attr.nlink = 1;
+            attr.blocks = 0;
+            attr.rdev = 0;
         }
         inode.state().attr = Some(attr);
         Ok(attr)
@@ -136,7 +145,7 @@ impl CheckpointFs {
         let inode = self.inode(ino)?;
         if matches!(
             inode.kind(),
-            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. }
+            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView
         ) {
             return Err(FsError::NotASymlink);
         }

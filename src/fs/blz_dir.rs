@@ -38,9 +38,11 @@ impl CheckpointFs {
         let root = match inode.kind() {
             NodeKind::Blz => return Ok((inode.clone(), String::new())),
             NodeKind::BlzDir { root } | NodeKind::BlzFile { root } => self.inode(root)?,
-            NodeKind::Directory | NodeKind::Archive | NodeKind::Plain | NodeKind::Staged { .. } => {
-                return Err(FsError::NotFound)
-            }
+            NodeKind::Directory
+            | NodeKind::Archive
+            | NodeKind::Plain
+            | NodeKind::Staged { .. }
+            | NodeKind::GgufView => return Err(FsError::NotFound),
         };
         let mut names = Vec::new();
         let mut cur = inode.clone();

@@ -67,11 +67,37 @@ impl CheckpointFs {
                 name: name.clone(),
             });
         }
+        let presented: std::collections::HashSet<OsString> =
+            resolved.iter().map(|r| r.presented.clone()).collect();
         for r in resolved {
             if staged.contains_key(&r.presented) {
                 continue;
             }
             let (ft, bino) = kinds[&r.backing];
+            let is_model = || {
+                (r.archive && namespace::is_blz_name(&r.backing))
+                    || (!r.archive && ft.is_dir() && self.is_model_dir(&rel.join(&r.backing)))
+            };
+            // The model's GGUF view, unless something else has its name.
+            if let Some(view) = self
+                .gguf_name(&r.presented)
+                .filter(|v| !presented.contains(v) && !staged.contains_key(v) && is_model())
+            {
+                if self.gguf_view(&rel.join(&r.backing), &view).is_ok() {
+                    let inode = self.inodes.assign(
+                        d.ino,
+                        &view,
+                        &r.backing,
+                        NodeKind::GgufView,
+                        (dev, bino),
+                    );
+                    items.push(DirItem {
+                        ino: inode.ino,
+                        kind: FileKind::RegularFile,
+                        name: view,
+                    });
+                }
+            }
             let (kind, fk) = if r.archive && namespace::is_blz_name(&r.backing) {
                 (NodeKind::Blz, FileKind::Directory)
             } else if r.archive {

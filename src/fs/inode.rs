@@ -58,6 +58,9 @@ pub enum NodeKind {
     BlzFile {
         root: u64,
     },
+    /// `NAME.<cast>.gguf` (`mount --gguf`): the GGUF export of the model
+    /// whose backing name (a directory or a `.blz`) and identity it has.
+    GgufView,
 }
 
 impl NodeKind {

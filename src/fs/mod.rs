@@ -16,6 +16,7 @@
 //! - `archive_slot`: the parsed archive of each backing version; `attr`:
 //!   `getattr`, `readlink`, `statfs`; `xattr`: `user.ckptfs.*`;
 //! - `dir`: listings of STORE; `blz_dir`: `.blz` archives as directories;
+//!   `gguf_view`: the GGUF of each model (`mount --gguf`);
 //! - `handles`: the open-handle table; `read`: open for reading and the
 //!   read path through the block cache; [`prefetch`]: the read-ahead
 //!   window;
@@ -40,7 +41,8 @@
 //! both at once, and nothing is taken under `state` (a path is walked
 //! before `state` is locked). Every other lock is a leaf, released before
 //! anything else is taken: the handle table, `writers`, `warned`, the
-//! write-back queue, the spool's state, a handle's `Sequential`, the block
+//! write-back queue, the spool's state, a handle's `Sequential`,
+//! `gguf_views` (never held while a view is built), the block
 //! cache's `inner` and a flight's `state` (never held together: a flight is
 //! published after `inner` is released), and the adapter's passthrough
 //! table in `crate::fuse` (taken with no lock of this module held). Three
@@ -59,6 +61,7 @@ pub mod beneath;
 mod blz_dir;
 mod dir;
 pub mod error;
+mod gguf_view;
 mod handles;
 pub mod hold;
 pub mod inode;
@@ -141,6 +144,10 @@ pub struct CheckpointFs {
     writeback: WritebackQueue,
     /// STORE's directory, locked shared by each commit ([`hold`]).
     hold: Option<std::fs::File>,
+    /// The cast of the GGUF views beside each model (`mount --gguf`).
+    gguf: Option<crate::export::Cast>,
+    /// Each model's GGUF view as last built, by model path (a leaf lock).
+    gguf_views: Mutex<HashMap<PathBuf, gguf_view::ViewSlot>>,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -188,6 +195,8 @@ impl CheckpointFs {
             } else {
                 Some(hold::open_dir(&store)?)
             },
+            gguf: None,
+            gguf_views: Mutex::new(HashMap::new()),
         };
         for r in recovered {
             log::info!(

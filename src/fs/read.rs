@@ -117,6 +117,22 @@ impl CheckpointFs {
                 }));
                 Ok(Opened::Archive { fh, keep_cache })
             }
+            NodeKind::GgufView => {
+                let (archive, generation) = self.gguf_view_of(&inode)?;
+                let keep_cache = {
+                    let mut st = inode.state();
+                    let keep = st.last_open_generation == Some(generation);
+                    st.last_open_generation = Some(generation);
+                    keep
+                };
+                let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
+                    ino,
+                    archive: Served { archive, file: 0 },
+                    generation,
+                    seq: Mutex::new(Sequential::default()),
+                }));
+                Ok(Opened::Archive { fh, keep_cache })
+            }
             NodeKind::Plain | NodeKind::Staged { .. } => {
                 let file = self
                     .store

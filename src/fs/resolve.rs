@@ -155,7 +155,13 @@ impl CheckpointFs {
                         _ => {}
                     }
                 }
-                let (c, m) = found.ok_or(FsError::NotFound)?;
+                let Some((c, m)) = found else {
+                    // Nothing in STORE has this name: a model's GGUF view?
+                    return match self.gguf_model(rel, name) {
+                        Some((backing, m)) => Ok((backing, NodeKind::GgufView, m)),
+                        None => Err(FsError::NotFound),
+                    };
+                };
                 let kind = if namespace::is_blz_name(&c) {
                     NodeKind::Blz
                 } else {

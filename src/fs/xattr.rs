@@ -49,7 +49,10 @@ impl CheckpointFs {
                 Source::Backing(self.rel(&inode)?)
             }
             NodeKind::Archive => Source::Archive,
-            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => Source::None,
+            NodeKind::Blz
+            | NodeKind::BlzDir { .. }
+            | NodeKind::BlzFile { .. }
+            | NodeKind::GgufView => Source::None,
         })
     }
 

@@ -174,7 +174,9 @@ impl CheckpointFs {
         match inode.kind() {
             NodeKind::Plain => {}
             NodeKind::Directory | NodeKind::Blz => return Err(FsError::NotLinkable),
-            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView => {
+                return Err(FsError::ReadOnly)
+            }
             // Deliberate: see doc/SEMANTICS.md.
             NodeKind::Archive | NodeKind::Staged { .. } => return Err(FsError::NotLinkable),
         }

@@ -50,7 +50,7 @@ impl CheckpointFs {
             NodeKind::Directory | NodeKind::Blz | NodeKind::BlzDir { .. } => {
                 Err(FsError::IsADirectory)
             }
-            NodeKind::BlzFile { .. } => Err(FsError::ReadOnly),
+            NodeKind::BlzFile { .. } | NodeKind::GgufView => Err(FsError::ReadOnly),
             NodeKind::Plain => {
                 let rel = self.rel(&inode)?;
                 let m = self.store.lstat(&rel).map_err(not_found_is)?;

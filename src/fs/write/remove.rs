@@ -26,7 +26,9 @@ impl CheckpointFs {
         let (backing, kind, _) = self.resolve(&p, name)?;
         match kind {
             NodeKind::Directory | NodeKind::Blz => return Err(FsError::IsADirectory),
-            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView => {
+                return Err(FsError::ReadOnly)
+            }
             NodeKind::Plain => {
                 self.store.unlink(&rel.join(&backing))?;
             }
@@ -47,7 +49,9 @@ impl CheckpointFs {
             // A `.blz` is a directory with content; it is removed by
             // unlinking the `.blz` in STORE.
             NodeKind::Blz => return Err(FsError::NotEmpty),
-            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView => {
+                return Err(FsError::ReadOnly)
+            }
             NodeKind::Plain | NodeKind::Archive | NodeKind::Staged { .. } => {
                 return Err(FsError::NotADirectory)
             }

@@ -109,7 +109,9 @@ impl CheckpointFs {
                 }
                 (b, kind, identity)
             }
-            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => return Err(FsError::ReadOnly),
+            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView => {
+                return Err(FsError::ReadOnly)
+            }
             NodeKind::Plain if staging && meta.is_file() => {
                 // `a.safetensors.incomplete` -> `a.safetensors`: a new
                 // compression candidate.

@@ -24,9 +24,10 @@ impl CheckpointFs {
                 _ => None,
             });
         match inode.kind() {
-            NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
-                return Err(FsError::ReadOnly)
-            }
+            NodeKind::Blz
+            | NodeKind::BlzDir { .. }
+            | NodeKind::BlzFile { .. }
+            | NodeKind::GgufView => return Err(FsError::ReadOnly),
             _ => {}
         }
         if let Some(size) = a.size {
@@ -57,7 +58,10 @@ impl CheckpointFs {
                     let id = self.stage_archive(spool, &inode, size == 0)?;
                     self.truncate_staged(spool, id, size, None)?;
                 }
-                NodeKind::Blz | NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } => {
+                NodeKind::Blz
+                | NodeKind::BlzDir { .. }
+                | NodeKind::BlzFile { .. }
+                | NodeKind::GgufView => {
                     unreachable!("refused above")
                 }
             }
