@@ -14,18 +14,7 @@ Usage: bench_files.py CKPTFS_BIN FILE... [--runs N] [--threads T] [--out DIR]
 """
 import argparse, os, statistics, subprocess, time
 
-
-def main_dtype(path):
-    import json, struct
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n))
-    sizes = {}
-    for k, v in h.items():
-        if k != "__metadata__":
-            sizes[v["dtype"]] = sizes.get(v["dtype"], 0) + v["data_offsets"][1] - v["data_offsets"][0]
-    d = max(sizes, key=sizes.get)
-    return {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(d, "bfloat16")
+from bench_codec import main_dtype  # the dtype ZipNN is told, as bench_codec.py does
 
 
 def timed(fn, runs):
