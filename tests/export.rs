@@ -400,24 +400,6 @@ print("ok")
     assert!(!k.root.join("q").exists());
 }
 
-/// Runs a Python script of tests/ in the venv and returns its stdout.
-fn script(name: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join(name);
-    let out = std::process::Command::new(venv_python())
-        .arg(path)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// A tiny llama model in `dtype` (hidden size 64), as a directory and
 /// packed to .blz.
 fn tiny_llama(root: &Path, dtype: &str) -> (PathBuf, PathBuf) {
@@ -426,7 +408,7 @@ fn tiny_llama(root: &Path, dtype: &str) -> (PathBuf, PathBuf) {
 
 fn tiny_llama_hidden(root: &Path, dtype: &str, hidden: u32) -> (PathBuf, PathBuf) {
     let dir = root.join(format!("llama-{dtype}-{hidden}"));
-    script(
+    run_test_script(
         "make_tiny_llama.py",
         &[s(&dir), dtype, "2", &hidden.to_string()],
     );
@@ -448,7 +430,7 @@ fn gguf_export_reads_back_with_gguf_py_and_quantises_as_gguf_quants() {
                     args.extend(["--cast", cast]);
                 }
                 ok(&ckptfs(&args));
-                let r = script("gguf_check.py", &[s(&dir), s(&out), cast]);
+                let r = run_test_script("gguf_check.py", &[s(&dir), s(&out), cast]);
                 assert!(r.starts_with("ok"), "{dtype} {cast}: {r}");
             }
         }
@@ -497,7 +479,7 @@ fn gguf_q4_k_beats_q4_0_and_falls_back_per_tensor() {
         "--cast",
         "q4_k",
     ]));
-    let r = script("gguf_check.py", &[s(&dir), s(&out), "q4_k"]);
+    let r = run_test_script("gguf_check.py", &[s(&dir), s(&out), "q4_k"]);
     assert!(r.starts_with("ok") && r.contains("Q4_K"), "{r}");
     // Hidden 64: rows of 64 and 128 are not whole super-blocks: q4_0, and
     // the summary names each such tensor.
@@ -516,7 +498,7 @@ fn gguf_q4_k_beats_q4_0_and_falls_back_per_tensor() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("blk.0.attn_q.weight: rows of 64 elements are not whole q4_k super-blocks of 256: written as q4_0"), "{err}");
-    let r = script("gguf_check.py", &[s(&dir), s(&out), "q4_k"]);
+    let r = run_test_script("gguf_check.py", &[s(&dir), s(&out), "q4_k"]);
     assert!(r.starts_with("ok") && r.contains("Q4_0"), "{r}");
 }
 

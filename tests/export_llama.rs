@@ -18,30 +18,11 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// Runs a Python script of tests/ in the venv and returns its stdout.
-fn script(name: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join(name);
-    let out = std::process::Command::new(venv_python())
-        .arg(path)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The tiny llama as a directory, and the same directory with its shard
 /// packed as `model.zstn` (a store as `ckptfs mount` serves it).
 fn tiny_llama_store(root: &Path) -> (PathBuf, PathBuf) {
     let dir = root.join("llama");
-    script("make_tiny_llama.py", &[s(&dir), "f32", "1", "64", "0.02"]);
+    run_test_script("make_tiny_llama.py", &[s(&dir), "f32", "1", "64", "0.02"]);
     let store = root.join("store").join("llama");
     fs::create_dir_all(&store).unwrap();
     for e in fs::read_dir(&dir).unwrap() {
@@ -90,7 +71,7 @@ fn llama_cpp_loads_the_export_and_matches_transformers() {
             fs::read(&out).unwrap() == fs::read(&plain).unwrap(),
             "{cast}: export of the .zstn store differs from the directory's"
         );
-        let report = script("llama_check.py", &[s(&dir), s(&out), cast]);
+        let report = run_test_script("llama_check.py", &[s(&dir), s(&out), cast]);
         eprintln!("{}", report.trim());
     }
 }
@@ -103,7 +84,7 @@ fn llama_cpp_loads_the_export_and_matches_transformers() {
 fn quantised_tensors_equal_llama_cpps_quantiser() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("llama256");
-    script("make_tiny_llama.py", &[s(&dir), "f32", "1", "256", "0.02"]);
+    run_test_script("make_tiny_llama.py", &[s(&dir), "f32", "1", "256", "0.02"]);
     let export = |cast: &str| {
         let out = tmp.path().join(format!("{cast}.gguf"));
         let r = ckptfs(&[
@@ -122,7 +103,7 @@ fn quantised_tensors_equal_llama_cpps_quantiser() {
     let f32 = export("f32");
     for cast in ["q4_k", "q8_0", "q4_0"] {
         let q = export(cast);
-        let n = script("quant_check.py", &[s(&f32), s(&q), cast, s(tmp.path())]);
+        let n = run_test_script("quant_check.py", &[s(&f32), s(&q), cast, s(tmp.path())]);
         assert_eq!(n.trim(), "16", "{cast}: tensors compared");
     }
 }

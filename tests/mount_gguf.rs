@@ -14,24 +14,6 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn script(name: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join(name);
-    let out = std::process::Command::new(venv_python())
-        .arg(path)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn export(input: &Path, out: &Path, cast: &str) -> Vec<u8> {
     let r = ckptfs(&[
         "export",
@@ -51,7 +33,7 @@ fn export(input: &Path, out: &Path, cast: &str) -> Vec<u8> {
 fn gguf_views_equal_the_export_and_load_in_llama_cpp() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("llama");
-    script("make_tiny_llama.py", &[s(&src), "f32", "2", "64", "0.02"]);
+    run_test_script("make_tiny_llama.py", &[s(&src), "f32", "2", "64", "0.02"]);
     let cast = "q8_0";
     let mut m = Mount::new(
         |store| {
@@ -137,6 +119,6 @@ fn gguf_views_equal_the_export_and_load_in_llama_cpp() {
     // llama.cpp loads the view from the mount (and tokenizes and predicts
     // as transformers does on the original directory).
     let view = m.path("llama.q8_0.gguf");
-    script("llama_check.py", &[s(&src), s(&view), cast]);
+    run_test_script("llama_check.py", &[s(&src), s(&view), cast]);
     m.unmount();
 }
