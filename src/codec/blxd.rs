@@ -101,8 +101,15 @@ pub fn encode_modified(base: &[u8], target: &[u8], dtype: Dtype, allowed: Encodi
     if allowed == Encodings::Open || base.len() != target.len() {
         return open;
     }
-    let x: Vec<u8> = base.iter().zip(target).map(|(a, b)| a ^ b).collect();
-    smallest(open, ckptfs_frame(Encoding::CkptfsXor, &x, dtype))
+    smallest(
+        open,
+        ckptfs_frame(Encoding::CkptfsXor, &xor(base, target), dtype),
+    )
+}
+
+/// Byte-wise base XOR target (equal lengths).
+fn xor(base: &[u8], target: &[u8]) -> Vec<u8> {
+    base.iter().zip(target).map(|(a, b)| a ^ b).collect()
 }
 
 /// `b` when it is smaller than `a`.
@@ -146,7 +153,7 @@ fn encode_modified_open(base: &[u8], target: &[u8], dtype: Dtype) -> Vec<u8> {
             sparse(base, target, 1, TAG_SPARSE_BYTE, Encoding::SparseByte)
         }
     } else {
-        let x: Vec<u8> = base.iter().zip(target).map(|(a, b)| a ^ b).collect();
+        let x = xor(base, target);
         wrap(Encoding::FullXor, &zstd(&x))
     };
     if enc.len() <= target.len() + 5 {

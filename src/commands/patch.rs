@@ -9,7 +9,7 @@
 //! (or `--encodings ckptfs`) lets blobs use ckptfs's codec where smaller.
 
 use super::{Global, Result};
-use crate::archive::BlazexArchive;
+use crate::archive::{BlazexArchive, Kind};
 use crate::cli::{ApplyArgs, DiffArgs, PatchEncodings};
 use crate::codec::blxd::Encodings;
 use anyhow::Context as _;
@@ -18,18 +18,19 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// `path` as a BLAZE-X archive: itself, or (a directory, a ckptfs `.blz`)
-/// converted into `tmp`.
-fn open(path: &Path, tmp: &tempfile::TempDir) -> Result<BlazexArchive> {
+/// converted into `tmp`; with the kind of archive `path` is (None for a
+/// directory).
+fn open(path: &Path, tmp: &tempfile::TempDir) -> Result<(BlazexArchive, Option<Kind>)> {
     let converted = tmp
         .path()
         .join(format!("{}.blz", tmp.path().read_dir()?.count()));
     if path.is_dir() {
         crate::pack::pack_blazex(path, &converted, false, &|_| {})?;
-        return Ok(BlazexArchive::open(&converted)?);
+        return Ok((BlazexArchive::open(&converted)?, None));
     }
     let a = crate::archive::open(path)?;
-    if a.kind() == crate::archive::Kind::Blazex {
-        return Ok(BlazexArchive::open(path)?);
+    if a.kind() == Kind::Blazex {
+        return Ok((BlazexArchive::open(path)?, Some(Kind::Blazex)));
     }
     if a.files() == 1 && a.file_path(0).is_empty() {
         anyhow::bail!(
@@ -52,7 +53,7 @@ fn open(path: &Path, tmp: &tempfile::TempDir) -> Result<BlazexArchive> {
         std::io::Write::flush(&mut w)?;
     }
     crate::pack::pack_blazex(&dir, &converted, false, &|_| {})?;
-    Ok(BlazexArchive::open(&converted)?)
+    Ok((BlazexArchive::open(&converted)?, Some(a.kind())))
 }
 
 fn scratch(output: &Path) -> Result<tempfile::TempDir> {
@@ -66,27 +67,13 @@ fn scratch(output: &Path) -> Result<tempfile::TempDir> {
 pub fn diff(g: Global, a: DiffArgs) -> Result<ExitCode> {
     let t = Instant::now();
     let tmp = scratch(&a.output)?;
-    let base = open(&a.base, &tmp)?;
-    let target = open(&a.target, &tmp)?;
+    let (base, _) = open(&a.base, &tmp)?;
+    let (target, target_kind) = open(&a.target, &tmp)?;
     let allowed = match a.encodings {
         PatchEncodings::Open => Encodings::Open,
         PatchEncodings::Ckptfs => Encodings::Ckptfs,
-        PatchEncodings::Auto => {
-            let ckptfs_blz = !a.target.is_dir()
-                && std::fs::File::open(&a.target)
-                    .and_then(|mut f| {
-                        let mut head = [0u8; 8];
-                        std::io::Read::read_exact(&mut f, &mut head).map(|_| head)
-                    })
-                    .is_ok_and(|h| {
-                        crate::archive::Kind::detect(&h) == Some(crate::archive::Kind::Blz)
-                    });
-            if ckptfs_blz {
-                Encodings::Ckptfs
-            } else {
-                Encodings::Open
-            }
-        }
+        PatchEncodings::Auto if target_kind == Some(crate::archive::Kind::Blz) => Encodings::Ckptfs,
+        PatchEncodings::Auto => Encodings::Open,
     };
     let s = crate::pack::blzdiff::diff(&base, &target, &a.output, a.force, allowed)?;
     let secs = t.elapsed().as_secs_f64();
@@ -115,7 +102,7 @@ pub fn diff(g: Global, a: DiffArgs) -> Result<ExitCode> {
 pub fn apply(g: Global, a: ApplyArgs) -> Result<ExitCode> {
     let t = Instant::now();
     let tmp = scratch(&a.output)?;
-    let base = open(&a.base, &tmp)?;
+    let (base, _) = open(&a.base, &tmp)?;
     let f = std::fs::File::open(&a.patch).with_context(|| a.patch.display().to_string())?;
     // SAFETY: read-only private map of a file we only read.
     let map = unsafe { memmap2::Mmap::map(&f) }.with_context(|| a.patch.display().to_string())?;
