@@ -513,6 +513,13 @@ impl CheckpointFs {
 
     /// At startup: finishes (or drops) a rename journal a crash left.
     pub(in crate::fs) fn recover_relations(&self) {
+        let _g = self.ns.lock();
+        self.settle_journal();
+    }
+
+    /// Finishes the rename journal if its rename happened, else drops it.
+    /// Holds `ns`.
+    pub(in crate::fs) fn settle_journal(&self) {
         let Ok(spool) = self.spool() else { return };
         let path = spool.dir().join(JOURNAL);
         let Ok(raw) = std::fs::read(&path) else {
@@ -533,11 +540,10 @@ impl CheckpointFs {
             .chunks(2)
             .map(|c| (c[0].clone(), c[1].to_string_lossy().into_owned()))
             .collect();
-        let _g = self.ns.lock();
         let done = self.store.lstat(from).is_err() && self.store.lstat(to).is_ok();
         if done {
             log::info!(
-                "finishing the base paths of the rename of {} to {} (the daemon stopped meanwhile)",
+                "finishing the base paths of the rename of {} to {}",
                 from.display(),
                 to.display()
             );
