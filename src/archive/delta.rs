@@ -356,9 +356,11 @@ impl DeltaArchive {
             ))
         })?;
         let wrong_base = |what: String| bad(format!("base {}: {what}", base.path().display()));
-        if base.depth() + 1 != trailer.depth {
+        // The recorded depth bounds the chain: a base made shallower since
+        // (a delta below it rewritten standalone) keeps it valid.
+        if base.depth() + 1 > trailer.depth {
             return Err(wrong_base(format!(
-                "chain depth {} where this delta was packed against depth {}",
+                "chain depth {} where this delta allows at most {}",
                 base.depth(),
                 trailer.depth - 1
             )));
