@@ -302,15 +302,25 @@ impl CheckpointFs {
         if a.files() != 1 || !a.file_path(0).is_empty() {
             return Err(bad(d, "not a single-file archive"));
         }
-        let mut bytes = Vec::new();
-        archive::write_to(&*a, 0, &mut bytes, &|_| {}).map_err(|e| bad(d, e))?;
+        // Decoded into a spool file, not memory: a dependent may be many GB.
+        let plain = TempPath(
+            self.spool_tmp(|w| archive::write_to(&*a, 0, w, &|_| {}).map_err(io::Error::other))?,
+        );
         drop(a);
+        let file = File::open(&plain.0)?;
+        // SAFETY: a private spool file of this daemon, removed (never
+        // truncated) when `plain` drops, after the map.
+        let map = match file.metadata()?.len() {
+            0 => None,
+            _ => Some(unsafe { memmap2::Mmap::map(&file) }?),
+        };
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
         let name = d.file_name().ok_or(FsError::NotFound)?;
         let presented = namespace::presented_name(name).ok_or_else(|| bad(d, "not an archive"))?;
         let new_name = namespace::archive_name_for(&presented);
         let new_rel = parent(d).join(&new_name);
         let exists = new_rel != d && self.store.lstat(&new_rel).is_ok();
-        if exists && !self.presents(&new_rel, &bytes) {
+        if exists && !self.presents(&new_rel, bytes) {
             // Something else is stored under the standalone name (it
             // shadows this delta): nowhere to put it without a loss.
             log::error!(
@@ -322,11 +332,12 @@ impl CheckpointFs {
         }
         if !exists {
             let tmp = self.spool_tmp(|w| {
-                crate::pack::pack(&bytes, w, Default::default(), &|_| {})
+                crate::pack::pack(bytes, w, Default::default(), &|_| {})
                     .map(|_| ())
                     .map_err(io::Error::other)
             })?;
-            drop(bytes);
+            drop(map);
+            drop(plain);
             self.install(&tmp, &like, &new_rel)?;
             test_pause("standalone");
         }
@@ -359,8 +370,9 @@ impl CheckpointFs {
         if a.files() != 1 || a.logical_len(0) != bytes.len() as u64 {
             return false;
         }
-        let mut v = Vec::new();
-        archive::write_to(&*a, 0, &mut v, &|_| {}).is_ok() && v == bytes
+        // Compared as it decodes, block by block, without a second copy.
+        let mut same = SameAs(bytes);
+        archive::write_to(&*a, 0, &mut same, &|_| {}).is_ok() && same.0.is_empty()
     }
 
     /// Rewrites the trailer of delta `d` to record base path `base_path`
@@ -553,5 +565,33 @@ impl CheckpointFs {
         } else {
             let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+/// A `Write` that accepts only the bytes of its slice, in order: what is
+/// left of the slice is what has not been written yet.
+struct SameAs<'a>(&'a [u8]);
+
+impl Write for SameAs<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.0.strip_prefix(buf) {
+            Some(rest) => {
+                self.0 = rest;
+                Ok(buf.len())
+            }
+            None => Err(io::Error::other("content differs")),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A spool file removed when dropped.
+struct TempPath(PathBuf);
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
