@@ -114,3 +114,35 @@ fn bpe_pre_tokenizer_is_named_so_llama_cpp_does_not_warn() {
     assert!(!log.contains("missing pre-tokenizer"), "{log}");
     assert!(!log.contains("unknown pre-tokenizer"), "{log}");
 }
+
+/// A llama without tokenizer.json but with a SentencePiece tokenizer.model
+/// (trained in the test by `sentencepiece`): llama.cpp loads the export,
+/// its vocabulary, scores and types are the model's, and it tokenizes
+/// strings (bytes without a piece of their own included) as
+/// sentencepiece does.
+#[test]
+fn sentencepiece_tokenizer_model_tokenizes_as_sentencepiece() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama");
+    run_test_script("make_tiny_llama.py", &[s(&dir), "f32", "1", "64", "0.02"]);
+    run_test_script("spm_check.py", &["make", s(&dir)]);
+    assert!(!dir.join("tokenizer.json").exists());
+    let out = tmp.path().join("spm.gguf");
+    export(&dir, &out, "f32");
+    let r = run_test_script("spm_check.py", &["check", s(&dir), s(&out)]);
+    eprintln!("{}", r.trim());
+    // A damaged tokenizer.model: one line naming it and the offset.
+    let tm = dir.join("tokenizer.model");
+    let good = std::fs::read(&tm).unwrap();
+    std::fs::write(&tm, &good[..good.len() - 3]).unwrap();
+    let bad = tmp.path().join("bad.gguf");
+    let o = ckptfs(&["export", s(&dir), "-o", s(&bad), "--to", "gguf"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("tokenizer.model") && err.contains("not a SentencePiece model: offset"),
+        "{err}"
+    );
+    assert!(!bad.exists());
+}

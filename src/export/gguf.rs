@@ -558,7 +558,7 @@ fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Res
 
 /// Metadata, rendered as it will be written.
 #[derive(Default)]
-pub(super) struct Kv {
+struct Kv {
     bytes: Vec<u8>,
     count: u64,
 }
@@ -593,6 +593,15 @@ impl Kv {
             .extend_from_slice(&(v.len() as u64).to_le_bytes());
         for s in v {
             put_str(&mut self.bytes, s);
+        }
+    }
+    fn f32s(&mut self, k: &str, v: &[f32]) {
+        self.key(k, vt::ARRAY);
+        self.bytes.extend_from_slice(&vt::F32.to_le_bytes());
+        self.bytes
+            .extend_from_slice(&(v.len() as u64).to_le_bytes());
+        for x in v {
+            self.bytes.extend_from_slice(&x.to_le_bytes());
         }
     }
     fn i32s(&mut self, k: &str, v: &[i32]) {
@@ -632,7 +641,7 @@ fn tokenizer(
     let Some(tok) = json_file(m, "tokenizer.json")? else {
         if let Some(i) = m.find_file("tokenizer.model") {
             if matches!(h.arch, Arch::Llama) {
-                return super::spm::to_gguf(m, i, h.vocab.unwrap_or(0).max(n_embd_rows), kv);
+                return spm_tokenizer(m, i, h.vocab.unwrap_or(0).max(n_embd_rows), kv);
             }
             return Err(input(
                 m.file_label(i),
@@ -821,6 +830,66 @@ fn tokenizer(
             kv.u32(key, id);
         }
     }
+    for (field, key) in [
+        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
+        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
+    ] {
+        if let Some(b) = tc[field].as_bool() {
+            kv.bool(key, b);
+        }
+    }
+    Ok(())
+}
+
+/// A SentencePiece `tokenizer.model` (file `i`) as llama.cpp's `llama`
+/// tokenizer: pieces, scores and types as the model has them, padded to
+/// `n` (the vocabulary the embedding has) with unused `[PADi]` tokens of
+/// score -10000 as the converter pads; special ids from its trainer spec.
+fn spm_tokenizer(m: &Model, i: usize, n: u64, kv: &mut Kv) -> Result<()> {
+    let label = m.file_label(i);
+    let raw = m.read_small(i, 64 << 20)?;
+    let spm = super::spm::parse(&raw, MAX_TOKEN_ID as usize)
+        .map_err(|e| input(&label, format!("not a SentencePiece model: {e}")))?;
+    if spm.model_type != 2 {
+        return Err(input(
+            &label,
+            format!(
+                "SentencePiece model type {} is not supported for GGUF export (only BPE, as llama's)",
+                spm.model_type
+            ),
+        ));
+    }
+    let n = (n as usize).max(spm.pieces.len());
+    let mut tokens = Vec::with_capacity(n);
+    let mut scores = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for p in &spm.pieces {
+        tokens.push(p.text.clone());
+        scores.push(p.score);
+        types.push(p.ty);
+    }
+    for k in spm.pieces.len()..n {
+        tokens.push(format!("[PAD{k}]"));
+        scores.push(-10000.0);
+        types.push(UNUSED);
+    }
+    kv.str("tokenizer.ggml.model", "llama");
+    kv.str("tokenizer.ggml.pre", "default");
+    kv.strs("tokenizer.ggml.tokens", &tokens);
+    kv.f32s("tokenizer.ggml.scores", &scores);
+    kv.i32s("tokenizer.ggml.token_type", &types);
+    for (id, key) in [
+        (spm.bos, "tokenizer.ggml.bos_token_id"),
+        (spm.eos, "tokenizer.ggml.eos_token_id"),
+        (spm.unk, "tokenizer.ggml.unknown_token_id"),
+        (spm.pad, "tokenizer.ggml.padding_token_id"),
+    ] {
+        if id >= 0 && (id as usize) < spm.pieces.len() {
+            kv.u32(key, id as u64);
+        }
+    }
+    kv.bool("tokenizer.ggml.add_space_prefix", spm.add_dummy_prefix);
+    let tc = json_file(m, "tokenizer_config.json")?.unwrap_or(Value::Null);
     for (field, key) in [
         ("add_bos_token", "tokenizer.ggml.add_bos_token"),
         ("add_eos_token", "tokenizer.ggml.add_eos_token"),
