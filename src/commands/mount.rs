@@ -228,6 +228,9 @@ pub(super) fn background(
     if let Some(c) = a.gguf {
         cmd.arg("--gguf").arg(super::export::cast_of(c).name());
     }
+    if a.delta.is_some() {
+        cmd.arg("--delta").arg("auto");
+    }
     if let Some(e) = &a.endpoint_url {
         cmd.arg("--endpoint-url").arg(e);
     }
@@ -373,6 +376,10 @@ pub(super) fn foreground(
     .with_context(|| store.display().to_string())?;
     let fs = match a.gguf {
         Some(c) => fs.with_gguf(super::export::cast_of(c)),
+        None => fs,
+    };
+    let fs = match a.delta {
+        Some(crate::cli::DeltaMode::Auto) => fs.with_delta_auto(),
         None => fs,
     };
     let fs = std::sync::Arc::new(fs);

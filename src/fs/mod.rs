@@ -100,7 +100,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
-use write::WritebackQueue;
+use write::{RelationCache, WritebackQueue};
 
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -148,6 +148,9 @@ pub struct CheckpointFs {
     gguf: Option<crate::export::Cast>,
     /// Each model's GGUF view as last built, by model path (a leaf lock).
     gguf_views: Mutex<HashMap<PathBuf, gguf_view::ViewSlot>>,
+    /// `mount --delta auto`: commits may be stored as deltas.
+    delta_auto: bool,
+    relation_cache: RelationCache,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -197,7 +200,10 @@ impl CheckpointFs {
             },
             gguf: None,
             gguf_views: Mutex::new(HashMap::new()),
+            delta_auto: false,
+            relation_cache: Default::default(),
         };
+        fs.recover_relations();
         for r in recovered {
             log::info!(
                 "recovering staged {} (spool entry {:016x}); it will be compressed",
@@ -207,6 +213,13 @@ impl CheckpointFs {
             fs.schedule(r.id);
         }
         Ok(fs)
+    }
+
+    /// `mount --delta auto`: committed `.safetensors` may be stored as
+    /// deltas (`write::delta_commit`).
+    pub fn with_delta_auto(mut self) -> CheckpointFs {
+        self.delta_auto = true;
+        self
     }
 
     pub fn store(&self) -> &Path {

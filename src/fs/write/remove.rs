@@ -2,7 +2,8 @@
 //!
 //! Unlinking a file removes the staged copy, the archives that present it
 //! (`X.zstn`, `N.zsame`) and a plain file of that name. A directory holding staged
-//! files is not empty.
+//! files is not empty. A removed file that deltas depend on has them
+//! rewritten standalone first (`relations`).
 
 use crate::fs::beneath::Beneath;
 use crate::fs::inode::NodeKind;
@@ -30,6 +31,7 @@ impl CheckpointFs {
                 return Err(FsError::ReadOnly)
             }
             NodeKind::Plain => {
+                self.release_if_base(&rel.join(&backing))?;
                 self.store.unlink(&rel.join(&backing))?;
             }
             NodeKind::Archive | NodeKind::Staged { .. } => {
@@ -94,7 +96,12 @@ impl CheckpointFs {
             }
             let p = dir_rel.join(&n);
             match self.store.lstat(&p) {
-                Ok(m) if !m.is_dir() => remove_if_exists(&self.store, &p)?,
+                Ok(m) if !m.is_dir() => {
+                    if m.is_file() {
+                        self.release_base(&p)?;
+                    }
+                    remove_if_exists(&self.store, &p)?
+                }
                 _ => {}
             }
         }

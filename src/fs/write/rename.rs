@@ -9,12 +9,15 @@
 //! `.blz` directory `X` renamed to `Y` is STORE's `X.blz` renamed to
 //! `Y.blz` (over an empty directory `Y` too). What
 //! cannot be presented under the new name is refused (see each arm).
+//! Delta relations survive (`relations`): a replaced base has its
+//! dependents made standalone first, and recorded base paths the move
+//! changes are journalled, then rewritten.
 
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::spool::Spool;
 use crate::fs::{CheckpointFs, FsError, Result};
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::MetadataExt;
 
 impl CheckpointFs {
@@ -65,8 +68,42 @@ impl CheckpointFs {
                 return Err(FsError::NotEmpty);
             }
         }
-        let identity = (meta.dev(), meta.ino());
+        // What the rename replaces or removes in STORE keeps its
+        // dependents (made standalone first; see `relations`). A source
+        // based on the destination is one of them: look it up again.
         let staging = namespace::is_staging_name(newname);
+        let moving_plain_in = kind == NodeKind::Plain && staging && meta.is_file();
+        let released = match kind {
+            NodeKind::Directory | NodeKind::Blz => None,
+            NodeKind::Archive => Some(nrel.join(self.renamed_archive(&nrel, newname, &backing))),
+            _ => Some(nrel.join(newname)),
+        };
+        if let Some(d) = &released {
+            if *d != rel.join(&backing) {
+                self.release_if_base(d)?;
+            }
+        }
+        if moving_plain_in {
+            self.release_if_base(&rel.join(&backing))?;
+        }
+        let (backing, kind, meta) = self.resolve(&p, name)?;
+        let identity = (meta.dev(), meta.ino());
+        // Recorded base paths that the move changes: journalled first,
+        // rewritten after.
+        let moved = match kind {
+            NodeKind::Directory => Some(nrel.join(newname)),
+            NodeKind::Archive => Some(nrel.join(self.renamed_archive(&nrel, newname, &backing))),
+            NodeKind::Plain if !moving_plain_in => Some(nrel.join(newname)),
+            _ => None,
+        };
+        let fixes = match &moved {
+            Some(to) => {
+                let f = self.plan_rename(&rel.join(&backing), to);
+                self.begin_rename(&rel.join(&backing), to, &f)?;
+                f
+            }
+            None => Vec::new(),
+        };
         // A staged version the new name showed before: removed once the
         // new file presents the name (the spool's index then points at
         // the new one, so `clear_name` no longer finds it).
@@ -74,88 +111,103 @@ impl CheckpointFs {
             .find(&nrel.join(newname))
             .map(|(id, _)| id)
             .filter(|_| dst.is_some());
-        let (new_backing, new_kind, new_identity) = match kind {
-            NodeKind::Directory => {
-                self.store
-                    .rename(&rel.join(&backing), &nrel.join(newname))?;
-                spool.move_dir(&rel.join(name), &nrel.join(newname))?;
-                (newname.to_os_string(), kind, identity)
-            }
-            NodeKind::Blz => {
-                let mut b = newname.to_os_string();
-                b.push(".blz");
-                if self.store.lstat(&nrel.join(&b)).is_ok() {
-                    return Err(FsError::Exists);
+        let moved_out = (|| -> Result<(OsString, NodeKind, _)> {
+            Ok(match kind {
+                NodeKind::Directory => {
+                    self.store
+                        .rename(&rel.join(&backing), &nrel.join(newname))?;
+                    spool.move_dir(&rel.join(name), &nrel.join(newname))?;
+                    (newname.to_os_string(), kind, identity)
                 }
-                // `X` -> `Y` renames `X.blz` to `Y.blz`. A target that is
-                // an empty directory is replaced, as rename(2) replaces
-                // one directory by another; rmdir answers ENOTEMPTY for a
-                // full one (staged files were checked above). The archive
-                // itself moves in one renameat; if that fails the target
-                // directory is put back.
-                let emptied = match &dst {
-                    Some((_, NodeKind::Directory, dmeta)) => {
-                        let d = nrel.join(newname);
-                        self.store.rmdir(&d)?;
-                        Some((d, dmeta.mode() & 0o7777))
+                NodeKind::Blz => {
+                    let mut b = newname.to_os_string();
+                    b.push(".blz");
+                    if self.store.lstat(&nrel.join(&b)).is_ok() {
+                        return Err(FsError::Exists);
                     }
-                    _ => None,
-                };
-                if let Err(e) = self.store.rename(&rel.join(&backing), &nrel.join(&b)) {
-                    if let Some((d, mode)) = emptied {
-                        let _ = self.store.mkdir(&d, mode);
+                    // `X` -> `Y` renames `X.blz` to `Y.blz`. A target that is
+                    // an empty directory is replaced, as rename(2) replaces
+                    // one directory by another; rmdir answers ENOTEMPTY for a
+                    // full one (staged files were checked above). The archive
+                    // itself moves in one renameat; if that fails the target
+                    // directory is put back.
+                    let emptied = match &dst {
+                        Some((_, NodeKind::Directory, dmeta)) => {
+                            let d = nrel.join(newname);
+                            self.store.rmdir(&d)?;
+                            Some((d, dmeta.mode() & 0o7777))
+                        }
+                        _ => None,
+                    };
+                    if let Err(e) = self.store.rename(&rel.join(&backing), &nrel.join(&b)) {
+                        if let Some((d, mode)) = emptied {
+                            let _ = self.store.mkdir(&d, mode);
+                        }
+                        return Err(e.into());
                     }
-                    return Err(e.into());
+                    (b, kind, identity)
                 }
-                (b, kind, identity)
-            }
-            NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView => {
-                return Err(FsError::ReadOnly)
-            }
-            NodeKind::Plain if staging && meta.is_file() => {
-                // `a.safetensors.incomplete` -> `a.safetensors`: a new
-                // compression candidate.
-                self.store.may_write_dir(&rel)?;
-                self.store.may_write_dir(&nrel)?;
-                let id = spool.adopt(&nrel.join(newname), |d| {
-                    self.store.rename_out(&rel.join(&backing), d)
-                })?;
-                self.clear_name(&nrel, newname, None, Some(id))?;
-                remove_replaced(spool, replaced_staged, id)?;
-                if self.writer_count(identity) == 0 {
-                    self.schedule(id);
+                NodeKind::BlzDir { .. } | NodeKind::BlzFile { .. } | NodeKind::GgufView => {
+                    return Err(FsError::ReadOnly)
                 }
-                (newname.to_os_string(), NodeKind::Staged { id }, identity)
-            }
-            NodeKind::Plain => {
-                self.store
-                    .rename(&rel.join(&backing), &nrel.join(newname))?;
-                self.clear_name(&nrel, newname, Some(newname), None)?;
-                (newname.to_os_string(), kind, identity)
-            }
-            NodeKind::Staged { id } => {
-                // Staged under any name: compressed after its last close
-                // if its content is safetensors, else put back plain.
-                spool.retarget(id, &nrel.join(newname))?;
-                // The version it replaced at the old name goes with it.
-                self.clear_name(&rel, name, None, Some(id))?;
-                self.clear_name(&nrel, newname, None, Some(id))?;
-                remove_replaced(spool, replaced_staged, id)?;
-                (newname.to_os_string(), kind, identity)
-            }
-            // `X.zstn` under an `Y.safetensors` name is `Y.zstn`, under
-            // any other name `N` it is `N.zsame` (and back).
-            NodeKind::Archive => {
-                let z = self.archive_name_in(&nrel, newname);
-                self.store.rename(&rel.join(&backing), &nrel.join(&z))?;
-                self.clear_name(&nrel, newname, Some(&z), None)?;
-                (z, kind, identity)
+                NodeKind::Plain if staging && meta.is_file() => {
+                    // `a.safetensors.incomplete` -> `a.safetensors`: a new
+                    // compression candidate.
+                    self.store.may_write_dir(&rel)?;
+                    self.store.may_write_dir(&nrel)?;
+                    let id = spool.adopt(&nrel.join(newname), |d| {
+                        self.store.rename_out(&rel.join(&backing), d)
+                    })?;
+                    self.clear_name(&nrel, newname, None, Some(id))?;
+                    remove_replaced(spool, replaced_staged, id)?;
+                    if self.writer_count(identity) == 0 {
+                        self.schedule(id);
+                    }
+                    (newname.to_os_string(), NodeKind::Staged { id }, identity)
+                }
+                NodeKind::Plain => {
+                    self.store
+                        .rename(&rel.join(&backing), &nrel.join(newname))?;
+                    self.clear_name(&nrel, newname, Some(newname), None)?;
+                    (newname.to_os_string(), kind, identity)
+                }
+                NodeKind::Staged { id } => {
+                    // Staged under any name: compressed after its last close
+                    // if its content is safetensors, else put back plain.
+                    spool.retarget(id, &nrel.join(newname))?;
+                    // The version it replaced at the old name goes with it.
+                    self.clear_name(&rel, name, None, Some(id))?;
+                    self.clear_name(&nrel, newname, None, Some(id))?;
+                    remove_replaced(spool, replaced_staged, id)?;
+                    (newname.to_os_string(), kind, identity)
+                }
+                // `X.zstn` under an `Y.safetensors` name is `Y.zstn`, under
+                // any other name `N` it is `N.zsame` (and back).
+                NodeKind::Archive => {
+                    let z = self.renamed_archive(&nrel, newname, &backing);
+                    self.store.rename(&rel.join(&backing), &nrel.join(&z))?;
+                    self.clear_name(&nrel, newname, Some(&z), None)?;
+                    (z, kind, identity)
+                }
+            })
+        })();
+        let (new_backing, new_kind, new_identity) = match moved_out {
+            Ok(v) => v,
+            Err(e) => {
+                // Nothing moved, or part of it: settle the journal now.
+                self.settle_journal();
+                return Err(e);
             }
         };
-        self.store.sync_dir(&nrel)?;
-        if rel != nrel {
-            self.store.sync_dir(&rel)?;
-        }
+        let synced = self.store.sync_dir(&nrel).and_then(|()| {
+            if rel != nrel {
+                self.store.sync_dir(&rel)
+            } else {
+                Ok(())
+            }
+        });
+        self.finish_rename(&fixes)?;
+        synced?;
         match self.inodes.find(parent, name) {
             Some(i) => {
                 self.inodes.rename(
@@ -173,6 +225,21 @@ impl CheckpointFs {
             None => self.inodes.remove_name(newparent, newname),
         }
         Ok(())
+    }
+}
+
+impl CheckpointFs {
+    /// The backing name archive `backing` takes when renamed to `newname`
+    /// in `dir`: a delta (`X.z4dm`) stays a `.z4dm` under an
+    /// `Y.safetensors` name; other archives as [`Self::archive_name_in`].
+    fn renamed_archive(&self, dir: &std::path::Path, newname: &OsStr, backing: &OsStr) -> OsString {
+        use std::os::unix::ffi::OsStrExt;
+        if backing.as_bytes().ends_with(namespace::DELTA_SUFFIX)
+            && namespace::is_staging_name(newname)
+        {
+            return namespace::delta_name_for(newname);
+        }
+        self.archive_name_in(dir, newname)
     }
 }
 
