@@ -11,7 +11,12 @@
 //! a u64 length and UTF-8 bytes.
 //!
 //! Supported: llama and mistral (GGUF arch `llama`) and qwen2, with a BPE
-//! `tokenizer.json`. Anything else is refused with a one-line error before
+//! `tokenizer.json` (its pre-tokenizer named as llama.cpp names it, see
+//! [`pre_tokenizer`]) or, for llama, a SentencePiece `tokenizer.model`;
+//! gpt2 (BPE; `Conv1D` weights transposed, qkv kept fused as llama.cpp's
+//! `attn_qkv`); BERT encoders (`BertModel`: WordPiece vocabulary in
+//! llama.cpp's phantom-space form, token types, sentence-transformers'
+//! pooling mode). Anything else is refused with a one-line error before
 //! the output is created: the tensor count in the header is exactly the
 //! tensors written (every source tensor is mapped or deliberately dropped).
 //!
@@ -87,6 +92,9 @@ mod vt {
 enum Arch {
     Llama,
     Qwen2,
+    Gpt2,
+    /// BERT-style encoders (BertModel: embeddings, no rope, no LM head).
+    Bert,
 }
 
 impl Arch {
@@ -94,6 +102,8 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Gpt2 => "gpt2",
+            Arch::Bert => "bert",
         }
     }
 }
@@ -108,6 +118,8 @@ struct Planned {
     ty: GgmlType,
     /// Rows permuted as llama.cpp's rope wants (q/k of llama): heads.
     permute: Option<u64>,
+    /// A GPT-2 `Conv1D` weight, stored `[in, out]`: written transposed.
+    transpose: bool,
     offset: u64,
     len: u64,
 }
@@ -137,12 +149,18 @@ struct Hparams {
     ff: u64,
     heads: u64,
     kv_heads: u64,
+    /// RMS norm epsilon (llama, qwen2) or layer norm epsilon (gpt2, bert).
     eps: f32,
     rope_theta: f32,
     ctx: u64,
     vocab: Option<u64>,
     head_dim: u64,
+    /// bert: rows of the token type embedding.
+    token_types: u64,
 }
+
+const SUPPORTED: &str =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, GPT2Model, BertModel";
 
 fn hparams(m: &Model) -> Result<Hparams> {
     let label = format!("{}/config.json", m.path().display());
@@ -160,26 +178,78 @@ fn hparams(m: &Model) -> Result<Hparams> {
     let arch = match (archs.first().copied(), model_type) {
         (Some("LlamaForCausalLM" | "MistralForCausalLM"), _) => Arch::Llama,
         (Some("Qwen2ForCausalLM"), _) => Arch::Qwen2,
+        (Some("GPT2LMHeadModel" | "GPT2Model"), _) => Arch::Gpt2,
+        (Some("BertModel"), _) => Arch::Bert,
         (None, "llama" | "mistral") => Arch::Llama,
         (None, "qwen2") => Arch::Qwen2,
+        (None, "gpt2") => Arch::Gpt2,
+        (None, "bert") => Arch::Bert,
         (a, t) => {
             return Err(input(
                 &label,
                 format!(
-                    "architecture {} (model_type {t:?}) is not supported for GGUF export (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
+                    "architecture {} (model_type {t:?}) is not supported for GGUF export (supported: {SUPPORTED})",
                     a.map_or("none".to_string(), |a| format!("{a:?}"))
                 ),
             ))
         }
     };
-    let u = |k: &str| -> Result<u64> {
-        cfg[k]
+    // The first of `keys` present (configs name the same thing differently).
+    let u = |keys: &[&str]| -> Result<u64> {
+        let v = keys
+            .iter()
+            .find_map(|k| cfg.get(*k).filter(|v| !v.is_null()));
+        v.and_then(|v| v.as_u64())
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                input(
+                    &label,
+                    format!("{} missing or not a positive integer", keys[0]),
+                )
+            })
+    };
+    let f = |k: &str, default: f64| cfg[k].as_f64().unwrap_or(default) as f32;
+    if arch == Arch::Gpt2 {
+        let hidden = u(&["n_embd", "hidden_size"])?;
+        let heads = u(&["n_head", "num_attention_heads"])?;
+        // n_inner is null for "4 × n_embd".
+        let ff = cfg["n_inner"]
             .as_u64()
             .filter(|&v| v > 0)
-            .ok_or_else(|| input(&label, format!("{k} missing or not a positive integer")))
-    };
-    let hidden = u("hidden_size")?;
-    let heads = u("num_attention_heads")?;
+            .unwrap_or(4 * hidden);
+        return Ok(Hparams {
+            arch,
+            hidden,
+            layers: u(&["n_layer", "num_hidden_layers"])?,
+            ff,
+            heads,
+            kv_heads: heads,
+            eps: f("layer_norm_epsilon", 1e-5),
+            rope_theta: 0.0,
+            ctx: u(&["n_positions", "n_ctx"])?,
+            vocab: cfg["vocab_size"].as_u64(),
+            head_dim: hidden / heads,
+            token_types: 0,
+        });
+    }
+    let hidden = u(&["hidden_size"])?;
+    let heads = u(&["num_attention_heads"])?;
+    if arch == Arch::Bert {
+        return Ok(Hparams {
+            arch,
+            hidden,
+            layers: u(&["num_hidden_layers"])?,
+            ff: u(&["intermediate_size"])?,
+            heads,
+            kv_heads: heads,
+            eps: f("layer_norm_eps", 1e-12),
+            rope_theta: 0.0,
+            ctx: u(&["max_position_embeddings"])?,
+            vocab: cfg["vocab_size"].as_u64(),
+            head_dim: hidden / heads,
+            token_types: cfg["type_vocab_size"].as_u64().unwrap_or(1).max(1),
+        });
+    }
     let kv_heads = cfg["num_key_value_heads"].as_u64().unwrap_or(heads);
     if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(input(
@@ -191,11 +261,11 @@ fn hparams(m: &Model) -> Result<Hparams> {
     Ok(Hparams {
         arch,
         hidden,
-        layers: u("num_hidden_layers")?,
-        ff: u("intermediate_size")?,
+        layers: u(&["num_hidden_layers"])?,
+        ff: u(&["intermediate_size"])?,
         heads,
         kv_heads,
-        eps: cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+        eps: f("rms_norm_eps", 1e-6),
         // transformers 5 moved it into rope_parameters.
         rope_theta: cfg["rope_theta"]
             .as_f64()
@@ -204,12 +274,109 @@ fn hparams(m: &Model) -> Result<Hparams> {
         ctx: cfg["max_position_embeddings"].as_u64().unwrap_or(2048),
         vocab: cfg["vocab_size"].as_u64(),
         head_dim,
+        token_types: 0,
     })
 }
 
-/// The GGUF name of an HF tensor name (llama/mistral/qwen2 share one
-/// scheme), `None` for tensors llama.cpp does not take.
-fn map_name(name: &str) -> Option<String> {
+/// The GGUF name of an HF tensor name in `arch`, `None` for tensors
+/// llama.cpp does not take.
+fn map_name(arch: Arch, name: &str) -> Option<String> {
+    match arch {
+        Arch::Llama | Arch::Qwen2 => map_llama(name),
+        Arch::Gpt2 => map_gpt2(name),
+        Arch::Bert => map_bert(name),
+    }
+}
+
+/// Splits `blk_prefix.N.rest` into (N, rest).
+fn layer<'a>(name: &'a str, blk_prefix: &str) -> Option<(u64, &'a str)> {
+    let (n, rest) = name.strip_prefix(blk_prefix)?.split_once('.')?;
+    Some((n.parse().ok()?, rest))
+}
+
+/// gpt2 (`transformer.` prefix of GPT2LMHeadModel optional, as GPT2Model
+/// saves without it).
+fn map_gpt2(name: &str) -> Option<String> {
+    if name == "lm_head.weight" {
+        return Some("output.weight".into());
+    }
+    let name = name.strip_prefix("transformer.").unwrap_or(name);
+    let (part, suffix) = name.rsplit_once('.')?;
+    if !matches!(suffix, "weight" | "bias") {
+        return None;
+    }
+    let fixed = match part {
+        "wte" => Some("token_embd"),
+        "wpe" => Some("position_embd"),
+        "ln_f" => Some("output_norm"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(format!("{f}.{suffix}"));
+    }
+    let (n, rest) = layer(part, "h.")?;
+    let g = match rest {
+        "ln_1" => "attn_norm",
+        "attn.c_attn" => "attn_qkv",
+        "attn.c_proj" => "attn_output",
+        "ln_2" => "ffn_norm",
+        "mlp.c_fc" => "ffn_up",
+        "mlp.c_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// A gpt2 weight stored as `Conv1D` (`[in, out]`), which GGUF wants
+/// transposed.
+fn gpt2_conv1d(name: &str) -> bool {
+    name.ends_with(".weight")
+        && [
+            ".attn.c_attn.",
+            ".attn.c_proj.",
+            ".mlp.c_fc.",
+            ".mlp.c_proj.",
+        ]
+        .iter()
+        .any(|p| name.contains(p))
+}
+
+/// BertModel (`bert.` prefix optional; old `gamma`/`beta` norm names).
+fn map_bert(name: &str) -> Option<String> {
+    let name = name.strip_prefix("bert.").unwrap_or(name);
+    let (part, suffix) = name.rsplit_once('.')?;
+    let suffix = match suffix {
+        "weight" | "gamma" => "weight",
+        "bias" | "beta" => "bias",
+        _ => return None,
+    };
+    let fixed = match part {
+        "embeddings.word_embeddings" => Some("token_embd"),
+        "embeddings.token_type_embeddings" => Some("token_types"),
+        "embeddings.position_embeddings" => Some("position_embd"),
+        "embeddings.LayerNorm" => Some("token_embd_norm"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(format!("{f}.{suffix}"));
+    }
+    let (n, rest) = layer(part, "encoder.layer.")?;
+    let g = match rest {
+        "attention.self.query" => "attn_q",
+        "attention.self.key" => "attn_k",
+        "attention.self.value" => "attn_v",
+        "attention.output.dense" => "attn_output",
+        "attention.output.LayerNorm" => "attn_output_norm",
+        "intermediate.dense" => "ffn_up",
+        "output.dense" => "ffn_down",
+        "output.LayerNorm" => "layer_output_norm",
+        _ => return None,
+    };
+    Some(format!("blk.{n}.{g}.{suffix}"))
+}
+
+/// llama/mistral/qwen2 (one scheme).
+fn map_llama(name: &str) -> Option<String> {
     let fixed = match name {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -238,9 +405,20 @@ fn map_name(name: &str) -> Option<String> {
     matches!(suffix, "weight" | "bias").then(|| format!("blk.{n}.{g}.{suffix}"))
 }
 
-/// Source tensors dropped on purpose (as the converter drops them).
-fn dropped(name: &str) -> bool {
-    name.ends_with(".rotary_emb.inv_freq")
+/// Source tensors dropped on purpose (as the converter drops them:
+/// buffers, and the parts of a checkpoint an embedding model does not run).
+fn dropped(arch: Arch, name: &str) -> bool {
+    match arch {
+        Arch::Llama | Arch::Qwen2 => name.ends_with(".rotary_emb.inv_freq"),
+        Arch::Gpt2 => name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"),
+        Arch::Bert => {
+            let n = name.strip_prefix("bert.").unwrap_or(name);
+            n == "embeddings.position_ids"
+                || n.starts_with("pooler.")
+                || n.starts_with("cls.predictions")
+                || n.starts_with("cls.seq_relationship")
+        }
+    }
 }
 
 fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Result<Vec<Planned>> {
@@ -248,8 +426,8 @@ fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Res
     let mut seen = std::collections::HashSet::new();
     for (k, t) in m.tensors().iter().enumerate() {
         let label = || format!("{}: tensor {:?}", m.file_label(t.file), t.name);
-        let Some(name) = map_name(&t.name) else {
-            if dropped(&t.name) {
+        let Some(name) = map_name(h.arch, &t.name) else {
+            if dropped(h.arch, &t.name) {
                 continue;
             }
             return Err(input(
@@ -274,9 +452,28 @@ fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Res
                     ),
                 )
             })?;
-        let n: u64 = t.shape.iter().product();
-        let ne0 = t.shape.last().copied().unwrap_or(1);
-        let ty = if t.shape.len() <= 1 || name.ends_with("_norm.weight") {
+        let transpose = h.arch == Arch::Gpt2 && gpt2_conv1d(&t.name);
+        if transpose && t.shape.len() != 2 {
+            return Err(input(
+                label(),
+                format!("shape {:?} is not a Conv1D matrix", t.shape),
+            ));
+        }
+        // The shape as written (a Conv1D weight transposed).
+        let shape: Vec<u64> = if transpose {
+            t.shape.iter().rev().copied().collect()
+        } else {
+            t.shape.clone()
+        };
+        let n: u64 = shape.iter().product();
+        let ne0 = shape.last().copied().unwrap_or(1);
+        // Kept f32 as the converter keeps them: vectors, norms, and the
+        // position and token type embeddings.
+        let ty = if shape.len() <= 1
+            || name.ends_with("_norm.weight")
+            || name.starts_with("position_embd.")
+            || name.starts_with("token_types.")
+        {
             GgmlType::F32
         } else {
             let keep = match dt {
@@ -334,9 +531,10 @@ fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Res
         out.push(Planned {
             k,
             name,
-            dims: t.shape.iter().rev().copied().collect(),
+            dims: shape.iter().rev().copied().collect(),
             ty,
             permute,
+            transpose,
             offset: 0,
             len: ty.bytes(n),
         });
@@ -344,7 +542,10 @@ fn plan(m: &Model, h: &Hparams, c: Option<Cast>, notes: &mut Vec<String>) -> Res
     if !out.iter().any(|p| p.name == "token_embd.weight") {
         return Err(input(
             m.path().display(),
-            "no model.embed_tokens.weight: not a llama-style checkpoint",
+            format!(
+                "no token embedding tensor: not a {} checkpoint",
+                h.arch.name()
+            ),
         ));
     }
     let mut off = 0;
@@ -394,6 +595,15 @@ impl Kv {
             put_str(&mut self.bytes, s);
         }
     }
+    fn f32s(&mut self, k: &str, v: &[f32]) {
+        self.key(k, vt::ARRAY);
+        self.bytes.extend_from_slice(&vt::F32.to_le_bytes());
+        self.bytes
+            .extend_from_slice(&(v.len() as u64).to_le_bytes());
+        for x in v {
+            self.bytes.extend_from_slice(&x.to_le_bytes());
+        }
+    }
     fn i32s(&mut self, k: &str, v: &[i32]) {
         self.key(k, vt::ARRAY);
         self.bytes.extend_from_slice(&vt::I32.to_le_bytes());
@@ -421,23 +631,46 @@ const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
 
-fn tokenizer(m: &Model, h: &Hparams, n_embd_rows: u64, kv: &mut Kv) -> Result<()> {
+fn tokenizer(
+    m: &Model,
+    h: &Hparams,
+    n_embd_rows: u64,
+    kv: &mut Kv,
+    notes: &mut Vec<String>,
+) -> Result<()> {
     let Some(tok) = json_file(m, "tokenizer.json")? else {
-        let what = if m.find_file("tokenizer.model").is_some() {
-            "only a SentencePiece tokenizer.model, which GGUF export does not read yet: it needs tokenizer.json"
-        } else {
-            "no tokenizer.json: GGUF needs the tokenizer"
-        };
-        return Err(input(m.path().display(), what));
+        if let Some(i) = m.find_file("tokenizer.model") {
+            if matches!(h.arch, Arch::Llama) {
+                return spm_tokenizer(m, i, h.vocab.unwrap_or(0).max(n_embd_rows), kv);
+            }
+            return Err(input(
+                m.file_label(i),
+                format!(
+                    "a SentencePiece tokenizer.model is read for llama-family models only, not {}: it needs tokenizer.json",
+                    h.arch.name()
+                ),
+            ));
+        }
+        return Err(input(
+            m.path().display(),
+            "no tokenizer.json: GGUF needs the tokenizer",
+        ));
     };
     let label = format!("{}/tokenizer.json", m.path().display());
     let model = &tok["model"];
-    if model["type"].as_str() != Some("BPE") {
+    let kind = model["type"].as_str().unwrap_or("");
+    let want = if h.arch == Arch::Bert {
+        "WordPiece"
+    } else {
+        "BPE"
+    };
+    if kind != want {
         return Err(input(
             &label,
             format!(
-                "tokenizer model {} is not supported for GGUF export (only BPE)",
-                model["type"]
+                "tokenizer model {} is not supported for GGUF export of {} (it needs {want})",
+                model["type"],
+                h.arch.name()
             ),
         ));
     }
@@ -491,6 +724,66 @@ fn tokenizer(m: &Model, h: &Hparams, n_embd_rows: u64, kv: &mut Kv) -> Result<()
         .enumerate()
         .map(|(i, t)| t.unwrap_or_else(|| format!("[PAD{i}]")))
         .collect();
+    let tc = json_file(m, "tokenizer_config.json")?.unwrap_or(Value::Null);
+    let cfg = json_file(m, "config.json")?.unwrap_or(Value::Null);
+    let id_of = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u64);
+    // Special tokens: tokenizer_config.json names them; config.json has ids.
+    let special = |field: &str, cfg_key: &str| {
+        let named = match &tc[field] {
+            Value::String(s) => Some(s.as_str()),
+            Value::Object(o) => o.get("content").and_then(|v| v.as_str()),
+            _ => None,
+        };
+        named.and_then(id_of).or_else(|| {
+            (!cfg_key.is_empty())
+                .then(|| cfg[cfg_key].as_u64())
+                .flatten()
+                .filter(|&i| i < n)
+        })
+    };
+    if h.arch == Arch::Bert {
+        // llama.cpp's WordPiece (WPM) vocabulary: a word-initial piece
+        // carries the phantom space "▁", a "##" continuation loses its
+        // prefix, control tokens stay as they are.
+        let phantom: Vec<String> = tokens
+            .iter()
+            .zip(&types)
+            .map(|(t, &ty)| {
+                if ty == CONTROL {
+                    t.clone()
+                } else if let Some(rest) = t.strip_prefix("##") {
+                    rest.to_string()
+                } else {
+                    format!("\u{2581}{t}")
+                }
+            })
+            .collect();
+        kv.u32("tokenizer.ggml.token_type_count", h.token_types);
+        kv.str("tokenizer.ggml.model", "bert");
+        kv.str("tokenizer.ggml.pre", "default");
+        kv.strs("tokenizer.ggml.tokens", &phantom);
+        kv.i32s("tokenizer.ggml.token_type", &types);
+        // [CLS] is what llama.cpp adds in front ("BOS"), [SEP] at the end.
+        for (field, key, cfg_key) in [
+            ("cls_token", "tokenizer.ggml.bos_token_id", ""),
+            ("unk_token", "tokenizer.ggml.unknown_token_id", ""),
+            ("sep_token", "tokenizer.ggml.seperator_token_id", ""),
+            (
+                "pad_token",
+                "tokenizer.ggml.padding_token_id",
+                "pad_token_id",
+            ),
+            ("cls_token", "tokenizer.ggml.cls_token_id", ""),
+            ("mask_token", "tokenizer.ggml.mask_token_id", ""),
+        ] {
+            if let Some(id) = special(field, cfg_key) {
+                kv.u32(key, id);
+            }
+        }
+        kv.bool("tokenizer.ggml.add_bos_token", true);
+        kv.bool("tokenizer.ggml.add_sep_token", true);
+        return Ok(());
+    }
     let merges: Vec<String> = match &model["merges"] {
         Value::Array(a) => a
             .iter()
@@ -510,21 +803,19 @@ fn tokenizer(m: &Model, h: &Hparams, n_embd_rows: u64, kv: &mut Kv) -> Result<()
         Value::Null => Vec::new(),
         _ => return Err(input(&label, "model.merges is not an array")),
     };
+    // qwen2 checkpoints were written "qwen2" before detection existed.
+    let pre = pre_tokenizer(&tok).or((h.arch == Arch::Qwen2).then_some("qwen2"));
+    if pre.is_none() {
+        notes.push(format!(
+            "{label}: pre-tokenizer {} not recognised: tokenizer.ggml.pre is \"default\" (llama.cpp's default split)",
+            serde_json::to_string(&tok["pre_tokenizer"]).unwrap_or_default()
+        ));
+    }
     kv.str("tokenizer.ggml.model", "gpt2");
-    kv.str(
-        "tokenizer.ggml.pre",
-        match h.arch {
-            Arch::Qwen2 => "qwen2",
-            Arch::Llama => "default",
-        },
-    );
+    kv.str("tokenizer.ggml.pre", pre.unwrap_or("default"));
     kv.strs("tokenizer.ggml.tokens", &tokens);
     kv.i32s("tokenizer.ggml.token_type", &types);
     kv.strs("tokenizer.ggml.merges", &merges);
-    // Special tokens: tokenizer_config.json names them; config.json has ids.
-    let tc = json_file(m, "tokenizer_config.json")?.unwrap_or(Value::Null);
-    let cfg = json_file(m, "config.json")?.unwrap_or(Value::Null);
-    let id_of = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u64);
     for (field, key, cfg_key) in [
         ("bos_token", "tokenizer.ggml.bos_token_id", "bos_token_id"),
         ("eos_token", "tokenizer.ggml.eos_token_id", "eos_token_id"),
@@ -535,18 +826,7 @@ fn tokenizer(m: &Model, h: &Hparams, n_embd_rows: u64, kv: &mut Kv) -> Result<()
             "pad_token_id",
         ),
     ] {
-        let named = match &tc[field] {
-            Value::String(s) => Some(s.as_str()),
-            Value::Object(o) => o.get("content").and_then(|v| v.as_str()),
-            _ => None,
-        };
-        let id = named.and_then(id_of).or_else(|| {
-            (!cfg_key.is_empty())
-                .then(|| cfg[cfg_key].as_u64())
-                .flatten()
-                .filter(|&i| i < n)
-        });
-        if let Some(id) = id {
+        if let Some(id) = special(field, cfg_key) {
             kv.u32(key, id);
         }
     }
@@ -559,6 +839,145 @@ fn tokenizer(m: &Model, h: &Hparams, n_embd_rows: u64, kv: &mut Kv) -> Result<()
         }
     }
     Ok(())
+}
+
+/// A SentencePiece `tokenizer.model` (file `i`) as llama.cpp's `llama`
+/// tokenizer: pieces, scores and types as the model has them, padded to
+/// `n` (the vocabulary the embedding has) with unused `[PADi]` tokens of
+/// score -10000 as the converter pads; special ids from its trainer spec.
+fn spm_tokenizer(m: &Model, i: usize, n: u64, kv: &mut Kv) -> Result<()> {
+    let label = m.file_label(i);
+    let raw = m.read_small(i, 64 << 20)?;
+    let spm = super::spm::parse(&raw, MAX_TOKEN_ID as usize)
+        .map_err(|e| input(&label, format!("not a SentencePiece model: {e}")))?;
+    if spm.model_type != 2 {
+        return Err(input(
+            &label,
+            format!(
+                "SentencePiece model type {} is not supported for GGUF export (only BPE, as llama's)",
+                spm.model_type
+            ),
+        ));
+    }
+    let n = (n as usize).max(spm.pieces.len());
+    let mut tokens = Vec::with_capacity(n);
+    let mut scores = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    for p in &spm.pieces {
+        tokens.push(p.text.clone());
+        scores.push(p.score);
+        types.push(p.ty);
+    }
+    for k in spm.pieces.len()..n {
+        tokens.push(format!("[PAD{k}]"));
+        scores.push(-10000.0);
+        types.push(UNUSED);
+    }
+    kv.str("tokenizer.ggml.model", "llama");
+    kv.str("tokenizer.ggml.pre", "default");
+    kv.strs("tokenizer.ggml.tokens", &tokens);
+    kv.f32s("tokenizer.ggml.scores", &scores);
+    kv.i32s("tokenizer.ggml.token_type", &types);
+    for (id, key) in [
+        (spm.bos, "tokenizer.ggml.bos_token_id"),
+        (spm.eos, "tokenizer.ggml.eos_token_id"),
+        (spm.unk, "tokenizer.ggml.unknown_token_id"),
+        (spm.pad, "tokenizer.ggml.padding_token_id"),
+    ] {
+        if id >= 0 && (id as usize) < spm.pieces.len() {
+            kv.u32(key, id as u64);
+        }
+    }
+    kv.bool("tokenizer.ggml.add_space_prefix", spm.add_dummy_prefix);
+    let tc = json_file(m, "tokenizer_config.json")?.unwrap_or(Value::Null);
+    for (field, key) in [
+        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
+        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
+    ] {
+        if let Some(b) = tc[field].as_bool() {
+            kv.bool(key, b);
+        }
+    }
+    Ok(())
+}
+
+/// Split regexes of tokenizer.json pre-tokenizers and llama.cpp's name for
+/// each (`tokenizer.ggml.pre`; llama-vocab.cpp quotes these originals).
+const PRE_REGEXES: &[(&str, &str)] = &[
+    (
+        "llama-bpe",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+];
+
+/// llama.cpp's pre-tokenizer name for a BPE tokenizer.json, from its
+/// `pre_tokenizer` (what convert_hf_to_gguf.py's get_vocab_base_pre
+/// identifies by hashing the tokenization of a fixed text: the split
+/// rules). `None` when the rules are not ones recognised here.
+///
+/// - a byte-level pre-tokenizer with its built-in (GPT-2) split: "gpt-2";
+/// - a Split by one of [`PRE_REGEXES`] followed by byte-level without a
+///   split of its own: that regex's name.
+fn pre_tokenizer(tok: &Value) -> Option<&'static str> {
+    let pt = &tok["pre_tokenizer"];
+    let steps: Vec<&Value> = match pt["type"].as_str()? {
+        "Sequence" => pt["pretokenizers"].as_array()?.iter().collect(),
+        _ => vec![pt],
+    };
+    let byte_level = |v: &Value| v["type"] == "ByteLevel";
+    // ByteLevel's use_regex defaults to true.
+    let own_split = |v: &Value| v["use_regex"].as_bool().unwrap_or(true);
+    match steps.as_slice() {
+        [b] if byte_level(b) && own_split(b) => Some("gpt-2"),
+        [sp, b] if sp["type"] == "Split" && byte_level(b) && !own_split(b) => {
+            let re = sp["pattern"]["Regex"].as_str()?;
+            PRE_REGEXES.iter().find(|(_, r)| *r == re).map(|(n, _)| *n)
+        }
+        _ => None,
+    }
+}
+
+/// llama.cpp's pooling type (MEAN 1, CLS 2, LAST 3) of a
+/// sentence-transformers model: modules.json names the Pooling module's
+/// directory, whose config.json sets the mode. `None` without modules.json
+/// (llama.cpp then pools as the caller asks).
+fn pooling(m: &Model) -> Result<Option<u64>> {
+    let Some(modules) = json_file(m, "modules.json")? else {
+        return Ok(None);
+    };
+    let Some(dir) = modules.as_array().into_iter().flatten().find_map(|v| {
+        v["type"]
+            .as_str()
+            .filter(|t| t.ends_with("Pooling"))
+            .and_then(|_| v["path"].as_str())
+    }) else {
+        return Ok(None);
+    };
+    let rel = format!("{dir}/config.json");
+    let cfg = json_file(m, &rel)?.ok_or_else(|| {
+        input(
+            format!("{}/modules.json", m.path().display()),
+            format!("names a Pooling module in {dir:?}, which has no config.json"),
+        )
+    })?;
+    let on = |k: &str| cfg[k].as_bool() == Some(true);
+    let mode = cfg["pooling_mode"].as_str();
+    if on("pooling_mode_mean_tokens") || mode == Some("mean") {
+        Ok(Some(1))
+    } else if on("pooling_mode_cls_token") || mode == Some("cls") {
+        Ok(Some(2))
+    } else if on("pooling_mode_lasttoken") || mode == Some("lasttoken") {
+        Ok(Some(3))
+    } else {
+        Err(input(
+            format!("{}/{rel}", m.path().display()),
+            "pooling mode is none of mean, cls, lasttoken (what llama.cpp supports)",
+        ))
+    }
 }
 
 /// llama.cpp's file type code for a cast (LlamaFileType).
@@ -620,14 +1039,26 @@ impl Layout {
         kv.u32(&format!("{a}.block_count"), h.layers);
         kv.u32(&format!("{a}.feed_forward_length"), h.ff);
         kv.u32(&format!("{a}.attention.head_count"), h.heads);
-        kv.u32(&format!("{a}.attention.head_count_kv"), h.kv_heads);
-        kv.f32(&format!("{a}.attention.layer_norm_rms_epsilon"), h.eps);
-        kv.f32(&format!("{a}.rope.freq_base"), h.rope_theta);
-        kv.u32(&format!("{a}.rope.dimension_count"), h.head_dim);
+        match h.arch {
+            Arch::Llama | Arch::Qwen2 => {
+                kv.u32(&format!("{a}.attention.head_count_kv"), h.kv_heads);
+                kv.f32(&format!("{a}.attention.layer_norm_rms_epsilon"), h.eps);
+                kv.f32(&format!("{a}.rope.freq_base"), h.rope_theta);
+                kv.u32(&format!("{a}.rope.dimension_count"), h.head_dim);
+            }
+            Arch::Gpt2 => kv.f32(&format!("{a}.attention.layer_norm_epsilon"), h.eps),
+            Arch::Bert => {
+                kv.f32(&format!("{a}.attention.layer_norm_epsilon"), h.eps);
+                kv.bool(&format!("{a}.attention.causal"), false);
+                if let Some(p) = pooling(m)? {
+                    kv.u32(&format!("{a}.pooling_type"), p);
+                }
+            }
+        }
         if let Some(v) = h.vocab {
             kv.u32(&format!("{a}.vocab_size"), v);
         }
-        tokenizer(m, &h, embd_rows, &mut kv)?;
+        tokenizer(m, &h, embd_rows, &mut kv, &mut notes)?;
 
         let mut head = Vec::new();
         head.extend_from_slice(b"GGUF");
@@ -704,6 +1135,11 @@ impl Layout {
     fn unit(&self, m: &Model, i: usize) -> (u64, u64) {
         let p = &self.planned[i];
         let (elems, out) = p.ty.block();
+        if p.transpose {
+            // Every output row gathers one element of each source row.
+            let n: u64 = p.dims.iter().product();
+            return (n, p.ty.bytes(n));
+        }
         match p.permute {
             None => (elems, out),
             Some(heads) => {
@@ -766,6 +1202,20 @@ impl Layout {
                     }
                 }
                 src = perm;
+            }
+            if p.transpose {
+                // Source [in, out] → written [out, in].
+                let (rows, cols) = (t.shape[0] as usize, t.shape[1] as usize);
+                let w = width as usize;
+                let mut tr = vec![0u8; src.len()];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let s = (r * cols + c) * w;
+                        let d = (c * rows + r) * w;
+                        tr[d..d + w].copy_from_slice(&src[s..s + w]);
+                    }
+                }
+                src = tr;
             }
             bytes = encode(dt, p.ty, &src);
         }
@@ -872,4 +1322,63 @@ fn encode(dt: Dtype, ty: GgmlType, src: &[u8]) -> Vec<u8> {
         GgmlType::Q4K => out = quant::q4_k(&cast::to_f32(dt, src)),
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split_then_bytes(re: &str) -> Value {
+        serde_json::json!({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+        ]}})
+    }
+
+    #[test]
+    fn pre_tokenizer_names_the_split_rules() {
+        let gpt2 =
+            serde_json::json!({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false}});
+        assert_eq!(pre_tokenizer(&gpt2), Some("gpt-2"));
+        for (name, re) in PRE_REGEXES {
+            assert_eq!(pre_tokenizer(&split_then_bytes(re)), Some(*name));
+        }
+        // A regex of its own, byte-level without a split after a split
+        // that is not known, or no byte-level step: not recognised.
+        assert_eq!(pre_tokenizer(&split_then_bytes(r"\s+")), None);
+        let no_regex =
+            serde_json::json!({"pre_tokenizer": {"type": "ByteLevel", "use_regex": false}});
+        assert_eq!(pre_tokenizer(&no_regex), None);
+        assert_eq!(
+            pre_tokenizer(&serde_json::json!({"pre_tokenizer": null})),
+            None
+        );
+        let ws = serde_json::json!({"pre_tokenizer": {"type": "Whitespace"}});
+        assert_eq!(pre_tokenizer(&ws), None);
+    }
+
+    #[test]
+    fn names_map_per_architecture() {
+        assert_eq!(
+            map_name(Arch::Gpt2, "transformer.h.3.attn.c_attn.weight").as_deref(),
+            Some("blk.3.attn_qkv.weight")
+        );
+        assert_eq!(
+            map_name(Arch::Gpt2, "h.0.mlp.c_proj.bias").as_deref(),
+            Some("blk.0.ffn_down.bias")
+        );
+        assert!(gpt2_conv1d("transformer.h.0.mlp.c_fc.weight"));
+        assert!(!gpt2_conv1d("transformer.h.0.mlp.c_fc.bias"));
+        assert_eq!(
+            map_name(Arch::Bert, "bert.encoder.layer.5.output.LayerNorm.gamma").as_deref(),
+            Some("blk.5.layer_output_norm.weight")
+        );
+        assert_eq!(
+            map_name(Arch::Bert, "embeddings.token_type_embeddings.weight").as_deref(),
+            Some("token_types.weight")
+        );
+        assert_eq!(map_name(Arch::Bert, "pooler.dense.weight"), None);
+        assert!(dropped(Arch::Bert, "pooler.dense.weight"));
+        assert!(!dropped(Arch::Bert, "encoder.layer.0.extra.weight"));
+    }
 }

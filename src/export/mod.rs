@@ -20,6 +20,7 @@ pub mod cast;
 pub mod gguf;
 pub mod gguf_view;
 pub mod quant;
+mod spm;
 
 use crate::format::safetensors::Dtype;
 use crate::model::{Model, ModelError, Tensor};
