@@ -165,7 +165,7 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
         None => DEFAULT_CACHE_BYTES,
     };
     if a.foreground {
-        foreground(&a, store, mountpoint, cache_bytes, threads)
+        foreground(&a, store, mountpoint, cache_bytes, threads, None)
     } else {
         background(&a, &mountpoint, threads)
     }
@@ -340,6 +340,7 @@ pub(super) fn foreground(
     mountpoint: PathBuf,
     cache_bytes: u64,
     threads: Option<usize>,
+    sink: Option<std::sync::Arc<dyn crate::fs::sink::Sink>>,
 ) -> Result<ExitCode> {
     init_logger(a.log_level.clone());
     // Decoded blocks are ~1 MiB and are allocated and freed constantly.
@@ -373,6 +374,10 @@ pub(super) fn foreground(
     .with_context(|| store.display().to_string())?;
     let fs = match a.gguf {
         Some(c) => fs.with_gguf(super::export::cast_of(c)),
+        None => fs,
+    };
+    let fs = match sink {
+        Some(s) => fs.with_sink(s),
         None => fs,
     };
     let fs = std::sync::Arc::new(fs);

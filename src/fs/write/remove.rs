@@ -4,20 +4,12 @@
 //! (`X.zstn`, `N.zsame`) and a plain file of that name. A directory holding staged
 //! files is not empty.
 
-use crate::fs::beneath::Beneath;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
 use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
-
-fn remove_if_exists(store: &Beneath, rel: &Path) -> Result<()> {
-    match store.unlink(rel) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FsError::Io(e)),
-        _ => Ok(()),
-    }
-}
 
 impl CheckpointFs {
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
@@ -30,7 +22,7 @@ impl CheckpointFs {
                 return Err(FsError::ReadOnly)
             }
             NodeKind::Plain => {
-                self.store.unlink(&rel.join(&backing))?;
+                self.unlink_backing(&rel.join(&backing))?;
             }
             NodeKind::Archive | NodeKind::Staged { .. } => {
                 self.clear_name(&rel, name, None, None)?;
@@ -94,7 +86,10 @@ impl CheckpointFs {
             }
             let p = dir_rel.join(&n);
             match self.store.lstat(&p) {
-                Ok(m) if !m.is_dir() => remove_if_exists(&self.store, &p)?,
+                Ok(m) if !m.is_dir() => match self.unlink_backing(&p) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(FsError::Io(e)),
+                    _ => {}
+                },
                 _ => {}
             }
         }
