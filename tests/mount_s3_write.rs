@@ -176,6 +176,19 @@ fn save_file_ends_as_zstn_in_the_bucket_and_plain_files_are_uploaded() {
                 .first()
                 .is_some_and(|(_, n)| *n == 10)
     });
+    // Unlinking an overwritten file that is still staged removes the old
+    // object too.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("renamed.txt"))
+            .unwrap();
+        f.write_all(b"more\n").unwrap();
+        std::fs::remove_file(m.path("renamed.txt")).unwrap();
+    }
+    wait_for(30, "staged copy dropped", || spool_of(&cache).is_empty());
+    assert!(!has(&server, "wbucket", "models/renamed.txt"));
     // Directory renames would copy every object: EXDEV (mv copies).
     let e = std::fs::rename(m.path("sub"), m.path("sub2")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EXDEV));

@@ -33,7 +33,8 @@ pub trait Sink: Send + Sync {
     /// Gives up a publish whose result was not committed (superseded):
     /// the remote copy of `rel` is removed unless STORE has `rel`.
     fn unpublish(&self, rel: &Path);
-    /// Removes the remote copy of `rel` (absent is not an error).
+    /// Removes the remote copy of `rel` (absent is not an error; a name
+    /// with neither a local file nor a known remote copy costs nothing).
     fn remove(&self, rel: &Path) -> io::Result<()>;
     /// Copies the remote copy of `from` to `to`, before a local rename.
     fn copy(&self, from: &Path, to: &Path) -> io::Result<()>;

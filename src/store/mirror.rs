@@ -321,8 +321,12 @@ impl Mirror {
         self.touch(rel, false);
     }
 
-    /// Removes object `rel` (absent is not an error) and forgets it.
+    /// Removes object `rel` (absent is not an error) and forgets it. A key
+    /// the mirror neither lists nor has a file for is not asked about.
     pub fn remove(&self, rel: &str) -> io::Result<()> {
+        if !self.known.lock().contains_key(rel) && self.root.join(rel).symlink_metadata().is_err() {
+            return Ok(());
+        }
         self.touch(rel, false);
         match self.client.delete(rel) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),

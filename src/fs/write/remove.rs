@@ -90,7 +90,14 @@ impl CheckpointFs {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(FsError::Io(e)),
                     _ => {}
                 },
-                _ => {}
+                Ok(_) => {}
+                // An object whose local file was staged (overwritten)
+                // goes with the name.
+                Err(_) => {
+                    if let Some(s) = &self.sink {
+                        s.remove(&p)?;
+                    }
+                }
             }
         }
         Ok(())
