@@ -182,9 +182,14 @@ pub(super) fn background(
             mountpoint.display()
         ));
     }
-    if !a.read_only {
+    let s3 = a
+        .store
+        .to_str()
+        .is_some_and(|s| crate::store::s3::S3Url::parse(s).is_some());
+    if !a.read_only && !s3 {
         // The daemon takes the lock itself; trying here first gives the
         // clean one-line refusal instead of "the mount did not come up".
+        // (An S3 store's lock object is taken by the daemon only.)
         let store = a
             .store
             .canonicalize()
