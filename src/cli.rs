@@ -226,6 +226,13 @@ pub enum ExportTarget {
     Gguf,
 }
 
+/// How `mount --delta` stores committed files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeltaMode {
+    /// A `.safetensors` written into the mount is stored as a delta (`X.z4dm`) against a candidate base when that is at least 20% smaller (doc/SEMANTICS.md).
+    Auto,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportCast {
     F32,
@@ -289,6 +296,9 @@ pub struct MountArgs {
     /// Beside each model (a directory with config.json, or a .blz), show a read-only NAME.<CAST>.gguf, computed on demand from the store: the bytes `ckptfs export NAME --to gguf --cast CAST` writes.
     #[arg(long, value_enum, value_name = "CAST")]
     pub gguf: Option<ExportCast>,
+    /// `auto`: store each committed `.safetensors` as a delta against the file named by its `user.ckptfs.base` xattr, else the newest file of the same name in a sibling directory, else a file with the same tensors in its directory, when the delta is at least 20% smaller than a standalone archive.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub delta: Option<DeltaMode>,
     /// S3 stores (STORE = s3://BUCKET/PREFIX): the S3 endpoint, for S3-compatible servers (default: AWS_ENDPOINT_URL, else AWS).
     #[arg(long, value_name = "URL")]
     pub endpoint_url: Option<String>,

@@ -102,3 +102,20 @@ pub fn parent_dir(path: &Path) -> PathBuf {
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
+
+/// `to` relative to directory `from` (both absolute, or both relative to
+/// one root, and normalised: no `.` or `..` components).
+pub fn relative(from: &Path, to: &Path) -> PathBuf {
+    use std::path::Component;
+    let f: Vec<Component> = from.components().collect();
+    let t: Vec<Component> = to.components().collect();
+    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..f.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    out
+}

@@ -367,3 +367,38 @@ fn verify_names_the_file_and_exits_1() {
     );
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+#[test]
+fn a_damaged_block_is_blamed_on_its_compressed_bytes() {
+    // Reads check the decoded bytes and hash the compressed bytes only
+    // after a failure, to say which side is damaged. (A flip in bytes the
+    // decoder does not use leaves the decoded bytes intact, so a read
+    // serves them; `verify`'s whole-frame checksum finds it, as
+    // `every_flipped_byte_of_a_ckptfs_file_is_detected` shows.)
+    let z = packed(&mixed_model());
+    let a = ZstnArchive::from_bytes(z.clone(), Path::new("b")).unwrap();
+    let frames: Vec<(u64, u64)> = a
+        .container()
+        .records()
+        .iter()
+        .filter_map(|r| match r.kind {
+            ckptfs::format::zstn::RecordKind::Frame { offset, len } => Some((offset, len)),
+            _ => None,
+        })
+        .collect();
+    // (The 38-byte frame of "tiny" is all plane headers: a flip there is a
+    // frame error, found before any checksum.)
+    let frames: Vec<_> = frames.into_iter().filter(|&(_, len)| len > 100).collect();
+    assert_eq!(frames.len(), 4);
+    for (offset, len) in frames {
+        let mut b = z.clone();
+        b[(offset + len / 2) as usize] ^= 0x10;
+        let a = ZstnArchive::from_bytes(b, Path::new("bad.zstn")).unwrap();
+        let mut buf = vec![0u8; a.len() as usize];
+        let err = a.read_at(0, 0, &mut buf).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.zstn") && err.contains("compressed bytes of block"),
+            "frame at {offset}: {err}"
+        );
+    }
+}

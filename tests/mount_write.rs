@@ -204,6 +204,23 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Creates `path`, retrying while the store is full. The kernel sends
+/// FUSE's RELEASE after `close` returns, so the space of a file just closed
+/// and unlinked comes back a moment later; a staged file's create also
+/// writes its spool record, which needs a little of that space.
+fn create_when_space_frees(path: &Path) -> std::fs::File {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match std::fs::File::create(path) {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("create {}: {e}", path.display()),
+        }
+    }
+}
+
 #[test]
 fn out_of_space_reaches_the_writer_and_keeps_staged_files_readable() {
     let outer = tempfile::tempdir().unwrap();
@@ -241,7 +258,7 @@ fn out_of_space_reaches_the_writer_and_keeps_staged_files_readable() {
     assert_eq!(staged.len(), 2, "still staged: {staged:?}");
     // 2. Writes past the end of the space fail with ENOSPC, plain or staged.
     for name in ["fill.bin", "fill.safetensors"] {
-        let mut f = std::fs::File::create(m.path(name)).unwrap();
+        let mut f = create_when_space_frees(&m.path(name));
         let chunk = vec![0x5au8; 1 << 20];
         let err = (0..64)
             .find_map(|_| f.write_all(&chunk).and_then(|_| f.sync_all()).err())

@@ -19,7 +19,7 @@
 //! file's own digest before it is served (see `trusted`).
 
 use super::frame_block::{
-    block_index, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+    block_index, damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
@@ -523,8 +523,17 @@ impl ArchiveView for BlzArchive {
         let blob = self.blob(key.unit);
         let bytes = self.blob_bytes(key.unit);
         let expect = &blob.blocks[b];
-        let out = match blob.encoding {
-            Encoding::Raw => bytes[span.start as usize..span.end as usize].to_vec(),
+        let checked = |out: Vec<u8>| {
+            if xxh3_64(&out) != expect.data.0 {
+                return Err(self.unit_integrity(
+                    key.unit,
+                    format!("checksum mismatch in the decoded bytes of block {b}"),
+                ));
+            }
+            Ok(out)
+        };
+        match blob.encoding {
+            Encoding::Raw => checked(bytes[span.start as usize..span.end as usize].to_vec()),
             Encoding::Z4aiFrame => {
                 // Frames always carry a payload digest.
                 let Some(want) = expect.payload.map(|d| d.0) else {
@@ -532,16 +541,11 @@ impl ArchiveView for BlzArchive {
                         self.unit_integrity(key.unit, format!("block {b} has no payload checksum"))
                     );
                 };
-                decode_unit_block(self, key, bytes, Some(want))?
+                decode_unit_block(self, key, bytes)
+                    .and_then(checked)
+                    .map_err(|e| damaged_payload(self, key, bytes, want).unwrap_or(e))
             }
-        };
-        if xxh3_64(&out) != expect.data.0 {
-            return Err(self.unit_integrity(
-                key.unit,
-                format!("checksum mismatch in the decoded bytes of block {b}"),
-            ));
         }
-        Ok(out)
     }
 
     fn check_range(&self, file: usize, range: Range<u64>) -> Result<()> {

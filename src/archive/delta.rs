@@ -29,7 +29,9 @@
 //! recorded digest (a plain `.safetensors` base, or a base re-encoded
 //! since). `verify` always does the full check, and z4ai's BLAKE2b digests.
 
-use super::frame_block::{decode_unit_block, frame_grid, shared_grid, GridCell, GridError};
+use super::frame_block::{
+    damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN};
 use crate::format::safetensors::{header_len, Header, TensorEntry};
@@ -354,9 +356,11 @@ impl DeltaArchive {
             ))
         })?;
         let wrong_base = |what: String| bad(format!("base {}: {what}", base.path().display()));
-        if base.depth() + 1 != trailer.depth {
+        // The recorded depth bounds the chain: a base made shallower since
+        // (a delta below it rewritten standalone) keeps it valid.
+        if base.depth() + 1 > trailer.depth {
             return Err(wrong_base(format!(
-                "chain depth {} where this delta was packed against depth {}",
+                "chain depth {} where this delta allows at most {}",
                 base.depth(),
                 trailer.depth - 1
             )));
@@ -595,53 +599,52 @@ impl ArchiveView for DeltaArchive {
         let b = super::frame_block::block_index(self, key, &grid)?;
         let digests = &self.trailer.units[key.unit as usize].blocks[b];
         let span = grid.span(b);
-        let out = match u.kind {
-            DeltaKind::Full => decode_unit_block(
-                self,
-                key,
-                &self.bytes()[u.frame.clone()],
-                Some(digests.payload),
-            )?,
-            DeltaKind::Copy => {
-                self.check_base()?;
-                let mut out = crate::codec::zeroed(span.end - span.start, "a block")
-                    .map_err(|e| self.frame_error(key.unit, e))?;
-                self.base.read_exact(u.base_offset + span.start, &mut out)?;
-                out
-            }
-            DeltaKind::Delta => {
-                self.check_base()?;
-                let mut out = decode_unit_block(
-                    self,
-                    key,
-                    &self.bytes()[u.frame.clone()],
-                    Some(digests.payload),
-                )?;
-                let mut base = crate::codec::zeroed(span.end - span.start, "a block")
-                    .map_err(|e| self.frame_error(key.unit, e))?;
-                self.base
-                    .read_exact(u.base_offset + span.start, &mut base)?;
-                for (o, x) in out.iter_mut().zip(&base) {
-                    *o ^= x;
+        let frame = &self.bytes()[u.frame.clone()];
+        let decoded = || -> Result<Vec<u8>> {
+            Ok(match u.kind {
+                DeltaKind::Full => decode_unit_block(self, key, frame)?,
+                DeltaKind::Copy => {
+                    self.check_base()?;
+                    let mut out = crate::codec::zeroed(span.end - span.start, "a block")
+                        .map_err(|e| self.frame_error(key.unit, e))?;
+                    self.base.read_exact(u.base_offset + span.start, &mut out)?;
+                    out
                 }
-                out
-            }
+                DeltaKind::Delta => {
+                    self.check_base()?;
+                    let mut out = decode_unit_block(self, key, frame)?;
+                    let mut base = crate::codec::zeroed(span.end - span.start, "a block")
+                        .map_err(|e| self.frame_error(key.unit, e))?;
+                    self.base
+                        .read_exact(u.base_offset + span.start, &mut base)?;
+                    for (o, x) in out.iter_mut().zip(&base) {
+                        *o ^= x;
+                    }
+                    out
+                }
+            })
         };
-        if xxh3_64(&out) != digests.data {
-            let why = if u.kind == DeltaKind::Full {
-                String::new()
-            } else {
-                format!(
-                    " (the delta or the base {} is damaged, or is not the base packed against)",
-                    self.base.path().display()
-                )
-            };
-            return Err(self.unit_integrity(
-                key.unit,
-                format!("checksum mismatch in the decoded bytes of block {b}{why}"),
-            ));
-        }
-        Ok(out)
+        let checked = |out: Vec<u8>| {
+            if xxh3_64(&out) != digests.data {
+                let why = if u.kind == DeltaKind::Full {
+                    String::new()
+                } else {
+                    format!(
+                        " (the delta or the base {} is damaged, or is not the base packed against)",
+                        self.base.path().display()
+                    )
+                };
+                return Err(self.unit_integrity(
+                    key.unit,
+                    format!("checksum mismatch in the decoded bytes of block {b}{why}"),
+                ));
+            }
+            Ok(out)
+        };
+        decoded().and_then(checked).map_err(|e| match u.kind {
+            DeltaKind::Copy => e,
+            _ => damaged_payload(self, key, frame, digests.payload).unwrap_or(e),
+        })
     }
     fn will_need(&self, unit: u32) {
         if let Some(u) = self.units.get(unit as usize) {

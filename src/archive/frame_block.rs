@@ -1,6 +1,6 @@
 //! Blocks of a ckptfs frame: the [`Grid`] that cuts a frame's decoded bytes
-//! into independently decodable blocks, and the decoding of one block with
-//! its compressed bytes checked first. Shared by every kind of archive
+//! into independently decodable blocks, the decoding of one block, and
+//! which side is damaged when a block fails its checksum. Shared by every kind of archive
 //! whose units are frames (`.zstn` units, `.blz` blobs).
 //!
 //! A frame whose planes are all block-structured (what ckptfs writes) has
@@ -39,22 +39,57 @@ pub(crate) fn shared_grid<A: ArchiveView + ?Sized>(
     }
 }
 
-/// Decodes block `key` of a frame unit whose stored bytes are `bytes`,
-/// checking the compressed bytes against `payload_digest` first.
+/// Decodes block `key` of a frame unit whose stored bytes are `bytes`.
+/// The caller checks the decoded bytes against their checksum, and on any
+/// failure asks [`damaged_payload`] which side is damaged.
+///
+/// The compressed bytes' own checksum is not hashed on the way: the
+/// decoded bytes' checksum already covers every byte served, and the
+/// decoders are safe on any input (a hostile file can carry matching
+/// checksums anyway), so a second pass over every block would buy nothing
+/// but a more precise message, which the failure path still gives.
 pub(crate) fn decode_unit_block<A: ArchiveView + ?Sized>(
     a: &A,
     key: BlockKey,
     bytes: &[u8],
-    payload_digest: Option<u64>,
 ) -> Result<Vec<u8>> {
     let grid = a.grid(key.unit)?;
     let b = block_index(a, key, &grid)?;
-    decode_frame_block(bytes, &grid, b, payload_digest).map_err(|e| match e {
-        BlockError::Codec(e) => a.frame_error(key.unit, e),
-        BlockError::Payload => a.unit_integrity(
+    decode_frame_block(bytes, &grid, b).map_err(|e| a.frame_error(key.unit, e))
+}
+
+/// After block `key` failed (to decode, or its decoded checksum): the
+/// error blaming its compressed bytes if they fail their own checksum
+/// `want`, or `None` when they are intact (the caller's error stands).
+pub(crate) fn damaged_payload<A: ArchiveView + ?Sized>(
+    a: &A,
+    key: BlockKey,
+    bytes: &[u8],
+    want: u64,
+) -> Option<super::ArchiveError> {
+    let grid = a.grid(key.unit).ok()?;
+    let b = key.block as usize;
+    if b >= grid.blocks() {
+        return None;
+    }
+    let frame = Frame::parse(bytes).ok()?;
+    let access = if grid.elem_bytes == 0 {
+        None
+    } else {
+        frame.element_access().ok()?
+    };
+    let ranges = ckx::block_payload(
+        access.as_ref(),
+        bytes.len(),
+        &grid.bounds,
+        grid.elem_bytes,
+        b,
+    );
+    (ckx::hash_ranges(bytes, &ranges) != want).then(|| {
+        a.unit_integrity(
             key.unit,
             format!("checksum mismatch in the compressed bytes of block {b}"),
-        ),
+        )
     })
 }
 
@@ -151,55 +186,30 @@ pub(crate) fn frame_grid(
     ))
 }
 
-/// Why a frame block could not be decoded.
-pub(crate) enum BlockError {
-    Codec(CodecError),
-    /// The compressed bytes do not match their checksum.
-    Payload,
-}
-
-/// Decodes block `b` of a frame laid out as `grid` says. With
-/// `payload_digest`, the block's compressed bytes are checked against it
-/// before anything is decoded.
+/// Decodes block `b` of a frame laid out as `grid` says.
 pub(crate) fn decode_frame_block(
     bytes: &[u8],
     grid: &Grid,
     b: usize,
-    payload_digest: Option<u64>,
-) -> std::result::Result<Vec<u8>, BlockError> {
-    let frame = Frame::parse(bytes).map_err(BlockError::Codec)?;
+) -> std::result::Result<Vec<u8>, CodecError> {
+    let frame = Frame::parse(bytes)?;
     let access = if grid.elem_bytes == 0 {
         None
     } else {
-        frame.element_access().map_err(BlockError::Codec)?
+        frame.element_access()?
     };
-    if let Some(want) = payload_digest {
-        let ranges = ckx::block_payload(
-            access.as_ref(),
-            bytes.len(),
-            &grid.bounds,
-            grid.elem_bytes,
-            b,
-        );
-        if ckx::hash_ranges(bytes, &ranges) != want {
-            return Err(BlockError::Payload);
-        }
-    }
     let span = grid.span(b);
     // The grid bounds every span by MAX_BLOCK_BYTES; memory may still be
     // short, which fails this block only.
-    let mut out =
-        crate::codec::zeroed(span.end - span.start, "a block").map_err(BlockError::Codec)?;
+    let mut out = crate::codec::zeroed(span.end - span.start, "a block")?;
     match &access {
-        None => frame.decode(&mut out).map_err(BlockError::Codec)?,
+        None => frame.decode(&mut out)?,
         Some(access) => {
             let eb = grid.elem_bytes;
             let body = access.frame.body_len();
             let b_body = span.end.min(body);
             let (body_part, tail_part) = out.split_at_mut((b_body - span.start) as usize);
-            access
-                .decode_elements(span.start / eb, b_body / eb, &grid.tables, body_part)
-                .map_err(BlockError::Codec)?;
+            access.decode_elements(span.start / eb, b_body / eb, &grid.tables, body_part)?;
             // The last block carries the tail.
             let tail = access.frame.tail;
             tail_part.copy_from_slice(&tail[tail.len() - tail_part.len()..]);

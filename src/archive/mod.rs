@@ -643,11 +643,7 @@ pub fn write_frame(
         .decoded_len();
     let (grid, _meta) = frame_block::frame_grid(bytes, len).map_err(codec)?;
     for b in 0..grid.blocks() {
-        let block =
-            frame_block::decode_frame_block(bytes, &grid, b, None).map_err(|e| match e {
-                frame_block::BlockError::Codec(e) => codec(e),
-                frame_block::BlockError::Payload => unreachable!("no payload digest given"),
-            })?;
+        let block = frame_block::decode_frame_block(bytes, &grid, b).map_err(codec)?;
         w.write_all(&block)?;
     }
     Ok(len)

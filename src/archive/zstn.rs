@@ -23,7 +23,7 @@
 //! head, plus 24 per block and the grids built so far.
 
 use super::frame_block::{
-    block_index, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+    block_index, damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::codec::CodecError;
@@ -297,15 +297,23 @@ impl ZstnArchive {
     /// Decodes one block from the bytes at hand (checked as `decode_block`
     /// says).
     fn decode_block_once(&self, key: BlockKey) -> Result<Vec<u8>> {
+        let bytes = self.frame_bytes(key.unit);
+        let Some(ext) = &self.ext else {
+            // A z4ai-written file: no checksums to check.
+            return decode_unit_block(self, key, bytes);
+        };
         let b = block_index(self, key, &*self.grid(key.unit)?)?;
         let unit = key.unit as usize;
-        let want = self.ext.as_ref().map(|e| e.unit_blocks(unit)[b].payload);
-        let out = decode_unit_block(self, key, self.frame_bytes(key.unit), want)?;
-        if let Some(ext) = &self.ext {
-            ext.verify_data(unit, b, &out)
-                .map_err(|what| self.unit_integrity(key.unit, what))?;
-        }
-        Ok(out)
+        decode_unit_block(self, key, bytes)
+            .and_then(|out| {
+                ext.verify_data(unit, b, &out)
+                    .map_err(|what| self.unit_integrity(key.unit, what))?;
+                Ok(out)
+            })
+            .map_err(|e| {
+                let want = ext.unit_blocks(unit)[b].payload;
+                damaged_payload(self, key, bytes, want).unwrap_or(e)
+            })
     }
 
     /// A failure to fetch a remote archive's bytes.
@@ -525,12 +533,24 @@ impl ArchiveView for ZstnArchive {
     /// The whole-frame checksum of the unit's compressed bytes (a no-op
     /// without a checksum block).
     fn verify_unit(&self, unit: u32, _digest: u64) -> Result<()> {
-        match &self.ext {
-            Some(ext) => ext
-                .verify_frame(unit as usize, self.frame_bytes(unit))
-                .map_err(|what| self.unit_integrity(unit, what)),
-            None => Ok(()),
+        let Some(ext) = &self.ext else {
+            return Ok(());
+        };
+        let bytes = self.frame_bytes(unit);
+        ext.verify_frame(unit as usize, bytes)
+            .map_err(|what| self.unit_integrity(unit, what))?;
+        // Reads hash a block's compressed bytes only after a failure;
+        // `verify` checks every block's digest as written.
+        for (b, d) in ext.unit_blocks(unit as usize).iter().enumerate() {
+            let key = BlockKey {
+                unit,
+                block: b as u32,
+            };
+            if let Some(e) = damaged_payload(self, key, bytes, d.payload) {
+                return Err(e);
+            }
         }
+        Ok(())
     }
 
     fn verify_finish(&self, _unit_digests: &[u64]) -> Result<String> {

@@ -7,12 +7,12 @@
 use super::{progress, Global, Result};
 use crate::archive::{self, ArchiveView, DeltaArchive};
 use crate::format::delta::MAX_CHAIN;
-use crate::fsutil::write_atomic;
+use crate::fsutil::{relative, write_atomic};
 use crate::pack::delta::{pack_delta, DeltaBase};
 use crate::pack::{pack, PackOptions};
 use anyhow::Context as _;
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// `X.safetensors` -> `X.z4dm`; anything else gets `.z4dm` appended.
@@ -31,21 +31,6 @@ pub fn default_standalone_output(input: &Path) -> PathBuf {
         Some(b) => PathBuf::from(format!("{b}.zstn")),
         None => PathBuf::from(format!("{s}.zstn")),
     }
-}
-
-/// `to` relative to directory `from` (both absolute, normalised).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let f: Vec<Component> = from.components().collect();
-    let t: Vec<Component> = to.components().collect();
-    let common = f.iter().zip(&t).take_while(|(a, b)| a == b).count();
-    let mut out = PathBuf::new();
-    for _ in common..f.len() {
-        out.push("..");
-    }
-    for c in &t[common..] {
-        out.push(c);
-    }
-    out
 }
 
 fn map(path: &Path) -> Result<memmap2::Mmap> {

@@ -137,6 +137,14 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
                 a.store.display()
             ));
         }
+        if a.delta.is_some() {
+            // Deltas keep their bases by rewriting dependents in STORE,
+            // which a writable S3 mount would not upload.
+            return Err(anyhow::anyhow!(
+                "{}: --delta is not supported for s3:// stores (only local STORE directories)",
+                a.store.display()
+            ));
+        }
         return super::mount_s3::run(a, url, threads);
     }
     let store = a
@@ -232,6 +240,9 @@ pub(super) fn background(
     }
     if let Some(c) = a.gguf {
         cmd.arg("--gguf").arg(super::export::cast_of(c).name());
+    }
+    if a.delta.is_some() {
+        cmd.arg("--delta").arg("auto");
     }
     if let Some(e) = &a.endpoint_url {
         cmd.arg("--endpoint-url").arg(e);
@@ -383,6 +394,10 @@ pub(super) fn foreground(
     };
     let fs = match sink {
         Some(s) => fs.with_sink(s),
+        None => fs,
+    };
+    let fs = match a.delta {
+        Some(crate::cli::DeltaMode::Auto) => fs.with_delta_auto(),
         None => fs,
     };
     let fs = std::sync::Arc::new(fs);

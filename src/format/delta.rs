@@ -249,7 +249,8 @@ pub struct UnitEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trailer {
     pub flags: u16,
-    /// 1 when the base is standalone, else the base's depth + 1.
+    /// At least the base's depth + 1 (written as exactly that; a base
+    /// made shallower later, by a rewrite, leaves it an upper bound).
     pub depth: u32,
     /// Bytes `[0, z4dm_len)` are the Z4DM body; the trailer follows.
     pub z4dm_len: u64,

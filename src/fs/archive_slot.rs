@@ -60,8 +60,8 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// the delta's directory, resolved lexically inside STORE (a `..` above
 /// its root is refused) and opened beneath STORE's root like every other
 /// access (no symlink followed).
-struct StoreBases<'a> {
-    store: &'a super::beneath::Beneath,
+pub(super) struct StoreBases<'a> {
+    pub(super) store: &'a super::beneath::Beneath,
 }
 
 impl archive::BaseFs for StoreBases<'_> {

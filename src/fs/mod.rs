@@ -101,7 +101,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
-use write::WritebackQueue;
+use write::{RelationCache, WritebackQueue};
 
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -152,6 +152,9 @@ pub struct CheckpointFs {
     /// Where commits go beyond STORE (an `s3://` mount); None for a local
     /// store.
     sink: Option<Arc<dyn sink::Sink>>,
+    /// `mount --delta auto`: commits may be stored as deltas.
+    delta_auto: bool,
+    relation_cache: RelationCache,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -202,7 +205,10 @@ impl CheckpointFs {
             gguf: None,
             gguf_views: Mutex::new(HashMap::new()),
             sink: None,
+            delta_auto: false,
+            relation_cache: Default::default(),
         };
+        fs.recover_relations();
         for r in recovered {
             log::info!(
                 "recovering staged {} (spool entry {:016x}); it will be compressed",
@@ -212,6 +218,13 @@ impl CheckpointFs {
             fs.schedule(r.id);
         }
         Ok(fs)
+    }
+
+    /// `mount --delta auto`: committed `.safetensors` may be stored as
+    /// deltas (`write::delta_commit`).
+    pub fn with_delta_auto(mut self) -> CheckpointFs {
+        self.delta_auto = true;
+        self
     }
 
     pub fn store(&self) -> &Path {

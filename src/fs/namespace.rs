@@ -120,6 +120,17 @@ pub fn zstn_name_for(name: &OsStr) -> OsString {
     OsString::from_vec(out)
 }
 
+/// The delta archive name of a staged `X.safetensors`: `X.z4dm`.
+pub fn delta_name_for(name: &OsStr) -> OsString {
+    let stem = name
+        .as_bytes()
+        .strip_suffix(PRESENTED_SUFFIX)
+        .unwrap_or(name.as_bytes());
+    let mut out = stem.to_vec();
+    out.extend_from_slice(DELTA_SUFFIX);
+    OsString::from_vec(out)
+}
+
 /// Backing archive names that could present as `name`, best first.
 pub fn archive_candidates(name: &OsStr) -> Vec<OsString> {
     let mut out = Vec::new();

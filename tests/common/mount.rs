@@ -41,16 +41,27 @@ pub struct Mount {
 impl Mount {
     /// Mounts a fresh store that `fill` populates, in the foreground.
     pub fn new(fill: impl FnOnce(&Path), extra: &[&str]) -> Mount {
-        Mount::of(fill, None, extra)
+        Mount::of(fill, None, extra, &[])
+    }
+
+    /// As `new`, with `env` added to the daemon's environment (test
+    /// hooks such as `CKPTFS_TEST_PAUSE`; a remount does not get them).
+    pub fn with_env(fill: impl FnOnce(&Path), extra: &[&str], env: &[(&str, &str)]) -> Mount {
+        Mount::of(fill, None, extra, env)
     }
 
     /// A mount of `store_arg` (an `s3://` URL) instead of `store`, which
     /// `fill` still fills (with the originals, say).
     pub fn of_store_arg(fill: impl FnOnce(&Path), store_arg: &str, extra: &[&str]) -> Mount {
-        Mount::of(fill, Some(store_arg), extra)
+        Mount::of(fill, Some(store_arg), extra, &[])
     }
 
-    fn of(fill: impl FnOnce(&Path), store_arg: Option<&str>, extra: &[&str]) -> Mount {
+    fn of(
+        fill: impl FnOnce(&Path),
+        store_arg: Option<&str>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let mnt = dir.path().join("mnt");
@@ -66,6 +77,7 @@ impl Mount {
             .arg(&mnt)
             .arg("--foreground")
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::options().append(true).open(&log).unwrap())

@@ -10,6 +10,7 @@
 //! space) the staged file stays, served as it is, and the error is logged.
 //! The inode keeps its number and page cache: only its backing changes.
 
+use super::delta_commit::PackedDelta;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::spool::{Entry as SpoolEntry, Spool};
@@ -20,6 +21,14 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+/// A staged file packed into the spool's temporary file.
+struct Packed {
+    raw: u64,
+    stored: u64,
+    /// Stored as a delta (else a standalone archive).
+    delta: Option<PackedDelta>,
+}
 
 impl CheckpointFs {
     /// Compresses staged file `id` and commits it, if nothing writes it.
@@ -93,9 +102,15 @@ impl CheckpointFs {
             return;
         }
         let current = current.expect("checked");
-        match self.commit_locked(spool, id, &current, packed.is_some(), published.as_ref()) {
-            Ok(()) => {
-                if let Some((raw, stored)) = packed {
+        let how = packed.as_ref().map(|p| p.delta.as_ref());
+        match self.commit_locked(spool, id, &current, how, published.as_ref()) {
+            Ok(false) => {
+                // The delta's base changed meanwhile: packed again.
+                let _ = std::fs::remove_file(spool.tmp_path(id));
+                self.schedule(id);
+            }
+            Ok(true) => {
+                if let Some(Packed { raw, stored, .. }) = packed {
                     log::info!(
                         "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
                         current.target.display(),
@@ -148,15 +163,16 @@ impl CheckpointFs {
         }
     }
 
-    /// Packs the staged bytes into the spool's temporary file. Returns
-    /// (raw, stored) sizes, or None when the bytes are not valid
-    /// safetensors (they will be kept as a plain file).
+    /// Packs the staged bytes into the spool's temporary file (with
+    /// `--delta auto`, a delta when it pays, see `delta_commit`). None
+    /// when the bytes are not valid safetensors (they will be kept as a
+    /// plain file).
     fn compress_staged(
         &self,
         spool: &Spool,
         id: u64,
         entry: &SpoolEntry,
-    ) -> io::Result<Option<(u64, u64)>> {
+    ) -> io::Result<Option<Packed>> {
         let file = File::open(spool.data_path(id))?;
         let m = file.metadata()?;
         // SAFETY: nothing truncates the staged file while it is being
@@ -192,6 +208,15 @@ impl CheckpointFs {
             w.flush()?;
             s
         };
+        let dtmp = spool.dir().join(format!("{id:016x}.z4dm.tmp"));
+        let delta = self.pack_commit_delta(id, &entry.target, bytes, stats.stored_bytes, &dtmp);
+        let (out, stored) = match &delta {
+            Some(d) => {
+                std::fs::rename(&dtmp, &tmp)?;
+                (OpenOptions::new().write(true).open(&tmp)?, d.stored)
+            }
+            None => (out, stats.stored_bytes),
+        };
         // The archive keeps the file's mode, owner and times.
         use std::os::unix::fs::PermissionsExt;
         out.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
@@ -204,30 +229,36 @@ impl CheckpointFs {
                 .set_modified(m.modified()?),
         )?;
         out.sync_all()?;
-        Ok(Some((stats.raw_bytes, stats.stored_bytes)))
+        Ok(Some(Packed {
+            raw: stats.raw_bytes,
+            stored,
+            delta,
+        }))
     }
 
-    /// Moves the compressed file (or, when `compressed` is false, the
-    /// staged bytes) to its final name and removes the staged copy. Holds
-    /// `ns`.
+    /// Moves the compressed file (`how`: Some(None) standalone,
+    /// Some(Some(_)) a delta) or, when `how` is None, the staged bytes to
+    /// its final name and removes the staged copy. Holds `ns`. False when
+    /// nothing was done because the delta's base changed since it was
+    /// packed.
     fn commit_locked(
         &self,
         spool: &Spool,
         id: u64,
         entry: &SpoolEntry,
-        compressed: bool,
+        how: Option<Option<&PackedDelta>>,
         published: Option<&(std::path::PathBuf, String)>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let name = entry.target.file_name().ok_or(FsError::NotFound)?;
         let dir_rel = entry.target.parent().unwrap_or(Path::new(""));
         if !self.store.is_dir(dir_rel) {
             // Removed in STORE behind the mount's back: never drop data.
             self.store.create_dir_all(dir_rel)?;
         }
-        let final_rel = dir_rel.join(if compressed {
-            self.archive_name_in(dir_rel, name)
-        } else {
-            name.to_os_string()
+        let final_rel = dir_rel.join(match how {
+            Some(Some(_)) => namespace::delta_name_for(name),
+            Some(None) => self.archive_name_in(dir_rel, name),
+            None => name.to_os_string(),
         });
         if self.sink.is_some() && published.is_none_or(|(rel, _)| *rel != final_rel) {
             // Uploaded under another name (an archive of the long name
@@ -237,8 +268,33 @@ impl CheckpointFs {
             }
             return Err(FsError::Io(io::Error::other("the archive name changed")));
         }
-        let (backing, kind) = if compressed {
-            let zname = self.archive_name_in(dir_rel, name);
+        // Every backing the new version replaces keeps its dependents
+        // (rewritten standalone first, see `relations`).
+        let mut replaced = vec![name.to_os_string()];
+        replaced.extend(
+            namespace::archive_candidates(name)
+                .into_iter()
+                .filter(|c| !namespace::is_blz_name(c)),
+        );
+        for n in &replaced {
+            self.release_if_base(&dir_rel.join(n))?;
+        }
+        if let Some(Some(d)) = how {
+            let now = self.store.lstat(&d.base).ok().map(|m| (m.dev(), m.ino()));
+            if now != Some(d.base_identity) {
+                log::info!(
+                    "{}: base {} changed while packing the delta; packing again",
+                    entry.target.display(),
+                    d.base.display()
+                );
+                return Ok(false);
+            }
+        }
+        let (backing, kind) = if let Some(delta) = how {
+            let zname = match delta {
+                Some(_) => namespace::delta_name_for(name),
+                None => self.archive_name_in(dir_rel, name),
+            };
             self.store
                 .rename_in(&spool.tmp_path(id), &dir_rel.join(&zname))?;
             (zname, NodeKind::Archive)
@@ -251,6 +307,9 @@ impl CheckpointFs {
         if let (Some(sink), Some((rel, tag))) = (&self.sink, published) {
             sink.published(rel, &self.store.path().join(rel), tag);
         }
+        if matches!(how, Some(Some(_))) {
+            super::relations::test_pause("delta-commit");
+        }
         self.clear_name(dir_rel, name, Some(&backing), Some(id))?;
         let m = self.store.lstat(&dir_rel.join(&backing))?;
         if let Some(inode) = entry.ino.and_then(|i| self.inodes.get(i)) {
@@ -258,13 +317,13 @@ impl CheckpointFs {
                 inode.rebase(backing, kind, (m.dev(), m.ino()));
             }
         }
-        if compressed {
+        if how.is_some() {
             spool.remove(id)?;
         } else {
             spool.forget(id)?;
         }
         crate::fsutil::sync_dir(spool.dir())?;
-        Ok(())
+        Ok(true)
     }
 
     /// With a sink: uploads what the commit will move into STORE (the

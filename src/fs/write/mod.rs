@@ -11,7 +11,11 @@
 //!   staged when its last writer closes ([`adopt`]), and stored as
 //!   `N.zsame` under its own name.
 //! - After the last writer closes ([`writers`]), the write-back thread
-//!   ([`queue`]) compresses it and commits the `.zstn` ([`commit`]).
+//!   ([`queue`]) compresses it and commits the `.zstn` ([`commit`]), or
+//!   with `--delta auto` a `.z4dm` against a candidate base
+//!   ([`delta_commit`]).
+//! - Deltas in STORE keep their bases: what removes, replaces or moves a
+//!   base first rewrites its dependents ([`relations`]).
 //!
 //! Each call has its file: [`open`] (open for writing, `write`, `fsync`,
 //! `fallocate`), [`create`] (`create`, `mknod`, `mkdir`, `symlink`,
@@ -29,8 +33,10 @@ mod adopt;
 mod backing;
 mod commit;
 mod create;
+mod delta_commit;
 mod open;
 mod queue;
+mod relations;
 mod remove;
 mod rename;
 mod setattr;
@@ -38,6 +44,7 @@ mod stage;
 mod writers;
 
 pub(super) use queue::WritebackQueue;
+pub(super) use relations::RelationCache;
 
 use super::inode::{Inode, NodeKind};
 use super::namespace;

@@ -2,7 +2,8 @@
 //!
 //! Unlinking a file removes the staged copy, the archives that present it
 //! (`X.zstn`, `N.zsame`) and a plain file of that name. A directory holding staged
-//! files is not empty.
+//! files is not empty. A removed file that deltas depend on has them
+//! rewritten standalone first (`relations`).
 
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
@@ -22,6 +23,7 @@ impl CheckpointFs {
                 return Err(FsError::ReadOnly)
             }
             NodeKind::Plain => {
+                self.release_if_base(&rel.join(&backing))?;
                 self.unlink_backing(&rel.join(&backing))?;
             }
             NodeKind::Archive | NodeKind::Staged { .. } => {
@@ -86,10 +88,17 @@ impl CheckpointFs {
             }
             let p = dir_rel.join(&n);
             match self.store.lstat(&p) {
-                Ok(m) if !m.is_dir() => match self.unlink_backing(&p) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(FsError::Io(e)),
-                    _ => {}
-                },
+                Ok(m) if !m.is_dir() => {
+                    if m.is_file() {
+                        self.release_base(&p)?;
+                    }
+                    match self.unlink_backing(&p) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                            return Err(FsError::Io(e))
+                        }
+                        _ => {}
+                    }
+                }
                 Ok(_) => {}
                 // An object whose local file was staged (overwritten)
                 // goes with the name.

@@ -9,12 +9,15 @@
 //! `.blz` directory `X` renamed to `Y` is STORE's `X.blz` renamed to
 //! `Y.blz` (over an empty directory `Y` too). What
 //! cannot be presented under the new name is refused (see each arm).
+//! Delta relations survive (`relations`): a replaced base has its
+//! dependents made standalone first, and recorded base paths the move
+//! changes are journalled, then rewritten.
 
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::spool::Spool;
 use crate::fs::{CheckpointFs, FsError, Result};
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::MetadataExt;
 
 impl CheckpointFs {
@@ -65,8 +68,42 @@ impl CheckpointFs {
                 return Err(FsError::NotEmpty);
             }
         }
-        let identity = (meta.dev(), meta.ino());
+        // What the rename replaces or removes in STORE keeps its
+        // dependents (made standalone first; see `relations`). A source
+        // based on the destination is one of them: look it up again.
         let staging = namespace::is_staging_name(newname);
+        let moving_plain_in = kind == NodeKind::Plain && staging && meta.is_file();
+        let released = match kind {
+            NodeKind::Directory | NodeKind::Blz => None,
+            NodeKind::Archive => Some(nrel.join(self.renamed_archive(&nrel, newname, &backing))),
+            _ => Some(nrel.join(newname)),
+        };
+        if let Some(d) = &released {
+            if *d != rel.join(&backing) {
+                self.release_if_base(d)?;
+            }
+        }
+        if moving_plain_in {
+            self.release_if_base(&rel.join(&backing))?;
+        }
+        let (backing, kind, meta) = self.resolve(&p, name)?;
+        let identity = (meta.dev(), meta.ino());
+        // Recorded base paths that the move changes: journalled first,
+        // rewritten after.
+        let moved = match kind {
+            NodeKind::Directory => Some(nrel.join(newname)),
+            NodeKind::Archive => Some(nrel.join(self.renamed_archive(&nrel, newname, &backing))),
+            NodeKind::Plain if !moving_plain_in => Some(nrel.join(newname)),
+            _ => None,
+        };
+        let fixes = match &moved {
+            Some(to) => {
+                let f = self.plan_rename(&rel.join(&backing), to);
+                self.begin_rename(&rel.join(&backing), to, &f)?;
+                f
+            }
+            None => Vec::new(),
+        };
         // A staged version the new name showed before: removed once the
         // new file presents the name (the spool's index then points at
         // the new one, so `clear_name` no longer finds it).
@@ -146,7 +183,7 @@ impl CheckpointFs {
             // `X.zstn` under an `Y.safetensors` name is `Y.zstn`, under
             // any other name `N` it is `N.zsame` (and back).
             NodeKind::Archive => {
-                let z = self.archive_name_in(&nrel, newname);
+                let z = self.renamed_archive(&nrel, newname, &backing);
                 self.rename_backing(&rel.join(&backing), &nrel.join(&z))?;
                 self.clear_name(&nrel, newname, Some(&z), None)?;
                 (z, kind, identity)
@@ -156,6 +193,7 @@ impl CheckpointFs {
         if rel != nrel {
             self.store.sync_dir(&rel)?;
         }
+        self.finish_rename(&fixes)?;
         match self.inodes.find(parent, name) {
             Some(i) => {
                 self.inodes.rename(
@@ -173,6 +211,21 @@ impl CheckpointFs {
             None => self.inodes.remove_name(newparent, newname),
         }
         Ok(())
+    }
+}
+
+impl CheckpointFs {
+    /// The backing name archive `backing` takes when renamed to `newname`
+    /// in `dir`: a delta (`X.z4dm`) stays a `.z4dm` under an
+    /// `Y.safetensors` name; other archives as [`Self::archive_name_in`].
+    fn renamed_archive(&self, dir: &std::path::Path, newname: &OsStr, backing: &OsStr) -> OsString {
+        use std::os::unix::ffi::OsStrExt;
+        if backing.as_bytes().ends_with(namespace::DELTA_SUFFIX)
+            && namespace::is_staging_name(newname)
+        {
+            return namespace::delta_name_for(newname);
+        }
+        self.archive_name_in(dir, newname)
     }
 }
 

@@ -1,0 +1,288 @@
+//! `mount --delta auto`: storing a committed `X.safetensors` as a delta
+//! (`X.z4dm`) against a file already in STORE.
+//!
+//! The candidate base, first found wins (doc/SEMANTICS.md):
+//! 1. the presented path in the staged file's `user.ckptfs.base` xattr,
+//!    relative to its directory;
+//! 2. the most recently modified committed file of the same name in a
+//!    sibling directory (`step-1000/model.safetensors` after
+//!    `step-900/model.safetensors`);
+//! 3. a committed `.safetensors` in the same directory with the same
+//!    tensors (names, dtypes, shapes), among the first
+//!    [`MAX_SAME_DIR`] looked at.
+//!
+//! A base that is a delta at `MAX_CHAIN` is replaced by its own base
+//! (re-basing), as `pack --base` does. The delta is packed next to the
+//! standalone archive (both in the spool) and kept only when it shares
+//! at least one tensor (name, dtype, shape) with the base and is at most
+//! 80% of the standalone size. The base's identity is checked again under
+//! `ns` at commit: a base replaced meanwhile discards the delta.
+
+use crate::archive::{self, DeltaArchive};
+use crate::format::delta::MAX_CHAIN;
+use crate::format::safetensors::{self, Header};
+use crate::fs::inode::Identity;
+use crate::fs::namespace;
+use crate::fs::spool::{Spool, SPOOL_DIR};
+use crate::fs::xattr::XATTR_BASE;
+use crate::fs::CheckpointFs;
+use crate::pack::delta::{pack_delta, DeltaBase};
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Same-directory candidates looked at, at most.
+const MAX_SAME_DIR: usize = 32;
+
+/// A delta written for a commit.
+pub(super) struct PackedDelta {
+    pub stored: u64,
+    /// The base's STORE path and identity when packed.
+    pub base: PathBuf,
+    pub base_identity: Identity,
+}
+
+type TensorKey = (String, String, Vec<u64>);
+
+fn tensor_set(h: &Header) -> HashSet<TensorKey> {
+    h.tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.dtype.clone(), t.shape.clone()))
+        .collect()
+}
+
+fn parent(p: &Path) -> &Path {
+    p.parent().unwrap_or(Path::new(""))
+}
+
+impl CheckpointFs {
+    /// The committed backing file presenting STORE path `presented`.
+    fn committed_backing(&self, presented: &Path) -> Option<PathBuf> {
+        let name = presented.file_name()?;
+        let dir = parent(presented);
+        let mut names = vec![name.to_os_string()];
+        names.extend(
+            namespace::archive_candidates(name)
+                .into_iter()
+                .filter(|c| !namespace::is_blz_name(c)),
+        );
+        names
+            .into_iter()
+            .map(|n| dir.join(n))
+            .find(|p| self.store.lstat(p).is_ok_and(|m| m.is_file()))
+    }
+
+    /// The header of the file presented by STORE backing `rel`.
+    fn presented_header(&self, rel: &Path) -> Option<Header> {
+        let a = self.open_store_archive(rel).ok()?;
+        let len = a.logical_len(0);
+        let mut prefix = [0u8; 8];
+        if a.read_at(0, 0, &mut prefix).ok()? != 8 {
+            return None;
+        }
+        let n = safetensors::header_len(&prefix, len).ok()?;
+        let mut raw = vec![0u8; n as usize];
+        if a.read_at(0, 8, &mut raw).ok()? != raw.len() {
+            return None;
+        }
+        Header::parse(&raw, len - 8 - n).ok()
+    }
+
+    /// The candidate base of staged `target` (spool entry `id`): its
+    /// STORE backing path (see the module doc).
+    fn delta_candidate(&self, id: u64, target: &Path, header: &Header) -> Option<PathBuf> {
+        let name = target.file_name()?;
+        let dir = parent(target);
+        // The target's own current version is never its base.
+        let own = |p: &Path| {
+            parent(p) == dir
+                && p.file_name().is_some_and(|n| {
+                    n == name || namespace::presented_name(n).as_deref() == Some(name)
+                })
+        };
+        if let Ok(v) = self
+            .store
+            .getxattr(&Spool::data_rel(id), OsStr::new(XATTR_BASE))
+        {
+            let rel = String::from_utf8_lossy(&v).into_owned();
+            let found = super::relations::resolve_in(dir, rel.trim_end_matches('\0'))
+                .and_then(|p| self.committed_backing(&p))
+                .filter(|p| !own(p));
+            match found {
+                Some(p) => return Some(p),
+                None => log::warn!(
+                    "{}: {XATTR_BASE} {rel:?} names no committed file; looking for another base",
+                    target.display()
+                ),
+            }
+        }
+        if let Some(this) = dir.file_name() {
+            let up = parent(dir);
+            let mut best: Option<(i64, i64, PathBuf)> = None;
+            for e in self.store.read_dir(up).ok()?.flatten() {
+                let s = e.file_name();
+                if s == this || (up.as_os_str().is_empty() && s == SPOOL_DIR) {
+                    continue;
+                }
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let Some(b) = self.committed_backing(&up.join(&s).join(name)) else {
+                    continue;
+                };
+                let Ok(m) = self.store.lstat(&b) else {
+                    continue;
+                };
+                let t = (m.mtime(), m.mtime_nsec());
+                if best.as_ref().is_none_or(|(s, n, _)| t > (*s, *n)) {
+                    best = Some((t.0, t.1, b));
+                }
+            }
+            if let Some((_, _, b)) = best {
+                return Some(b);
+            }
+        }
+        let want = tensor_set(header);
+        let mut looked = 0;
+        for e in self.store.read_dir(dir).ok()?.flatten() {
+            let n = e.file_name();
+            let Some(shown) = namespace::presented_name(&n) else {
+                continue;
+            };
+            if shown == name
+                || !namespace::is_staging_name(&shown)
+                || !e.file_type().is_ok_and(|t| t.is_file())
+            {
+                continue;
+            }
+            looked += 1;
+            if looked > MAX_SAME_DIR {
+                break;
+            }
+            let rel = dir.join(&n);
+            if self
+                .presented_header(&rel)
+                .is_some_and(|h| tensor_set(&h) == want)
+            {
+                return Some(rel);
+            }
+        }
+        None
+    }
+
+    /// For `--delta auto`: writes staged `bytes` (presented at `target`)
+    /// as a delta into `out` when a candidate base gives one at most 80%
+    /// of `standalone` bytes. None: no delta (the standalone stays).
+    pub(super) fn pack_commit_delta(
+        &self,
+        id: u64,
+        target: &Path,
+        bytes: &[u8],
+        standalone: u64,
+        out: &Path,
+    ) -> Option<PackedDelta> {
+        if !self.delta_auto || !namespace::is_staging_name(target.file_name()?) {
+            return None;
+        }
+        let (header, _) = safetensors::split_file(bytes).ok()?;
+        let mut base = self.delta_candidate(id, target, &header)?;
+        let r = (|| -> io::Result<Option<PackedDelta>> {
+            // A delta at the chain limit: its own base instead.
+            let (a, depth) = loop {
+                let a = self
+                    .open_store_archive(&base)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let depth = (&*a as &dyn std::any::Any)
+                    .downcast_ref::<DeltaArchive>()
+                    .map_or(0, |d| d.depth());
+                if depth < MAX_CHAIN {
+                    break (a, depth);
+                }
+                let d = (&*a as &dyn std::any::Any)
+                    .downcast_ref::<DeltaArchive>()
+                    .expect("a delta");
+                base = d
+                    .base()
+                    .path()
+                    .strip_prefix(self.store.path())
+                    .map_err(io::Error::other)?
+                    .to_path_buf();
+            };
+            if a.files() != 1 || !a.file_path(0).is_empty() {
+                return Ok(None);
+            }
+            let m = self.store.lstat(&base)?;
+            let mut base_bytes = Vec::new();
+            archive::write_to(&*a, 0, &mut base_bytes, &|_| {}).map_err(io::Error::other)?;
+            let (bh, _) = safetensors::split_file(&base_bytes).map_err(io::Error::other)?;
+            if tensor_set(&bh).is_disjoint(&tensor_set(&header)) {
+                return Ok(None);
+            }
+            let delta_path = parent(target).join(namespace::delta_name_for(
+                target.file_name().unwrap_or_default(),
+            ));
+            let rel_path = super::relations::base_path_for(&delta_path, &base)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            let f = std::fs::File::create(out)?;
+            let mut w = io::BufWriter::with_capacity(4 << 20, &f);
+            let s = pack_delta(
+                bytes,
+                &DeltaBase {
+                    bytes: &base_bytes,
+                    rel_path,
+                    depth,
+                    fingerprint: a.fingerprint().unwrap_or(0),
+                },
+                &mut w as &mut dyn Write,
+                Default::default(),
+                &|_| {},
+            )
+            .map_err(io::Error::other)?;
+            w.flush()?;
+            drop(w);
+            if s.stored_bytes.saturating_mul(5) > standalone.saturating_mul(4) {
+                log::info!(
+                    "{}: a delta against {} would be {} bytes, the standalone archive {}: stored standalone",
+                    target.display(),
+                    base.display(),
+                    s.stored_bytes,
+                    standalone
+                );
+                return Ok(None);
+            }
+            log::info!(
+                "{}: stored as a delta against {} ({} COPY, {} DELTA, {} FULL): {} bytes, standalone {}",
+                target.display(),
+                base.display(),
+                s.copy,
+                s.delta,
+                s.full,
+                s.stored_bytes,
+                standalone
+            );
+            Ok(Some(PackedDelta {
+                stored: s.stored_bytes,
+                base: base.clone(),
+                base_identity: (m.dev(), m.ino()),
+            }))
+        })();
+        match r {
+            Ok(Some(p)) => Some(p),
+            Ok(None) => {
+                let _ = std::fs::remove_file(out);
+                None
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(out);
+                log::warn!(
+                    "{}: not stored as a delta against {}: {e}",
+                    target.display(),
+                    base.display()
+                );
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! Delta relations in STORE, kept intact by every change made through the
+//! mount (doc/SEMANTICS.md, "Bases of deltas").
+//!
+//! A relation is a delta archive (a file whose `CKD1` trailer records a
+//! base path, `format::delta`) and the STORE path its base path resolves
+//! to. [`CheckpointFs::relations`] finds them by walking STORE and reading
+//! the trailer of every archive-named file (`.z4dm`, `.zstn`, `.zsame`);
+//! trailers are cached by backing identity and version, so a walk reads
+//! only files that changed, and the cache holds only files the last walk
+//! saw (bounded by STORE). Nothing is kept across restarts: the first walk
+//! after a restart reads every trailer again, so changes made while the
+//! daemon was down are seen.
+//!
+//! Policy, all under `ns`:
+//! - a backing file about to be removed or replaced (unlink, rename onto,
+//!   a commit over it) first has each of its dependents rewritten as a
+//!   standalone `.zstn` ([`CheckpointFs::release_base`]): packed into the
+//!   spool, fsynced, renamed next to the delta (it shadows the `.z4dm`,
+//!   same content), the delta's own dependents re-pointed at it (trailer
+//!   rewrite), then the `.z4dm` removed. A crash at any step leaves every
+//!   file presented with its content;
+//! - a rename that changes a recorded relative path (the base moves, or a
+//!   delta moves to another directory, or a directory holding either) is
+//!   journalled in the spool (`relations.journal`: from, to, and each
+//!   delta's new base path) before the rename, and the trailers are
+//!   rewritten after it; a daemon that starts with a journal left finishes
+//!   it if the rename happened, and drops it otherwise.
+//!
+//! A trailer rewrite copies the Z4DM body, renders the new trailer and
+//! replaces the file atomically (spool temporary, fsync, rename, fsync the
+//! directory); the presented content does not change, so the inode keeps
+//! its number ([`CheckpointFs::rebase_inode`]).
+
+use crate::archive::{self, ArchiveView};
+use crate::format::delta::{check_base_path, Trailer};
+use crate::fs::archive_slot::{version_of, StoreBases};
+use crate::fs::inode::{NodeKind, ROOT_INO};
+use crate::fs::namespace;
+use crate::fs::spool::SPOOL_DIR;
+use crate::fs::{CheckpointFs, FsError, Result};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The rename journal's name in the spool.
+const JOURNAL: &str = "relations.journal";
+
+/// One delta and its base, as STORE paths of backing files.
+#[derive(Debug, Clone)]
+pub(in crate::fs) struct Relation {
+    pub delta: PathBuf,
+    /// The base path resolved against the delta's directory.
+    pub base: PathBuf,
+    /// The base path as recorded.
+    pub recorded: String,
+}
+
+type Version = (u64, i64, i64, i64, i64);
+
+/// A backing file's (identity, version) and the base path it records.
+type Seen = ((u64, u64), Version, Option<String>);
+
+/// Trailers seen, by backing path: (identity, version, recorded base).
+#[derive(Default)]
+pub(in crate::fs) struct RelationCache {
+    seen: Mutex<HashMap<PathBuf, Seen>>,
+}
+
+/// A backing name that may hold a delta (by its magic, whatever the name).
+fn may_be_delta(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    [b".z4dm".as_slice(), b".zstn", b".zsame"]
+        .iter()
+        .any(|s| b.ends_with(s))
+}
+
+/// `rel` (a recorded base path) resolved against STORE directory `dir`,
+/// lexically; None when it leaves STORE.
+pub(in crate::fs) fn resolve_in(dir: &Path, rel: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in dir.join(rel).components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            Component::ParentDir if out.pop() => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The base path a delta at `delta` records for STORE path `base`.
+pub(in crate::fs) fn base_path_for(delta: &Path, base: &Path) -> Result<String> {
+    let r = crate::fsutil::relative(delta.parent().unwrap_or(Path::new("")), base);
+    let s = r
+        .to_str()
+        .ok_or_else(|| FsError::Io(io::Error::other("base path is not UTF-8")))?
+        .to_string();
+    check_base_path(&s).map_err(|e| FsError::Io(io::Error::other(e)))?;
+    Ok(s)
+}
+
+fn parent(p: &Path) -> &Path {
+    p.parent().unwrap_or(Path::new(""))
+}
+
+fn bad(path: &Path, e: impl std::fmt::Display) -> FsError {
+    FsError::BadArchive {
+        path: path.to_path_buf(),
+        reason: Arc::new(e.to_string()),
+    }
+}
+
+static TMP: AtomicU64 = AtomicU64::new(0);
+
+/// Test hook: with `CKPTFS_TEST_PAUSE=POINT` in its environment, the
+/// daemon logs and stops for good at POINT (a test then kills it with
+/// SIGKILL there): `standalone` (a dependent's `.zstn` installed, its
+/// `.z4dm` not yet removed), `rename` (a rename done, trailers not yet
+/// rewritten), `delta-commit` (a delta committed, the staged copy and the
+/// old version not yet removed).
+pub(in crate::fs) fn test_pause(point: &str) {
+    if std::env::var_os("CKPTFS_TEST_PAUSE").is_some_and(|v| v == point) {
+        log::warn!("test hook: paused at {point}");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}
+
+impl CheckpointFs {
+    /// Every delta relation in STORE (see the module doc).
+    pub(in crate::fs) fn relations(&self) -> Vec<Relation> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(d) = stack.pop() {
+            let Ok(rd) = self.store.read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                if d.as_os_str().is_empty() && name == SPOOL_DIR {
+                    continue;
+                }
+                let Ok(ft) = e.file_type() else { continue };
+                let rel = d.join(&name);
+                if ft.is_dir() {
+                    stack.push(rel);
+                    continue;
+                }
+                if !ft.is_file() || !may_be_delta(&name) {
+                    continue;
+                }
+                seen.insert(rel.clone());
+                if let Some(recorded) = self.recorded_base(&rel) {
+                    if let Some(base) = resolve_in(&d, &recorded) {
+                        out.push(Relation {
+                            delta: rel,
+                            base,
+                            recorded,
+                        });
+                    }
+                }
+            }
+        }
+        self.relation_cache
+            .seen
+            .lock()
+            .retain(|k, _| seen.contains(k));
+        out
+    }
+
+    /// The base path recorded by the delta at `rel`, if it is one.
+    fn recorded_base(&self, rel: &Path) -> Option<String> {
+        let m = self.store.lstat(rel).ok()?;
+        let key = ((m.dev(), m.ino()), version_of(&m));
+        if let Some((id, v, b)) = self.relation_cache.seen.lock().get(rel) {
+            if (*id, *v) == key {
+                return b.clone();
+            }
+        }
+        let b = self.read_trailer(rel).ok().map(|(t, _)| t.base_path);
+        self.relation_cache
+            .seen
+            .lock()
+            .insert(rel.to_path_buf(), (key.0, key.1, b.clone()));
+        b
+    }
+
+    /// The trailer of the delta at `rel` and the file's map.
+    fn read_trailer(&self, rel: &Path) -> Result<(Trailer, memmap2::Mmap)> {
+        let f = self.store.open_file(rel, libc::O_RDONLY, 0)?;
+        if f.metadata()?.len() == 0 {
+            return Err(bad(rel, "empty"));
+        }
+        // SAFETY: read-only map of a backing file that ckptfs replaces by
+        // rename, never truncates.
+        let map = unsafe { memmap2::Mmap::map(&f) }?;
+        match Trailer::find(&map) {
+            Ok(Some(t)) => Ok((t, map)),
+            Ok(None) => Err(bad(rel, "no CKD1 trailer")),
+            Err(e) => Err(bad(rel, e)),
+        }
+    }
+
+    /// Before STORE file `rel` is removed or replaced: if it is a
+    /// regular file that deltas depend on, rewrites each as standalone.
+    pub(in crate::fs) fn release_if_base(&self, rel: &Path) -> Result<()> {
+        match self.store.lstat(rel) {
+            Ok(m) if m.is_file() => self.release_base(rel),
+            _ => Ok(()),
+        }
+    }
+
+    /// Rewrites every delta based on `base` as a standalone archive.
+    pub(in crate::fs) fn release_base(&self, base: &Path) -> Result<()> {
+        let rels = self.relations();
+        for r in rels.iter().filter(|r| r.base == base) {
+            self.make_standalone(&rels, &r.delta)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `fill` to a new temporary file in the spool (mode 0600 until
+    /// the caller sets it), fsynced. The name ends in `.tmp`: removed at
+    /// startup if a crash leaves it.
+    fn spool_tmp(&self, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<PathBuf> {
+        let spool = self.spool()?;
+        let n = TMP.fetch_add(1, Ordering::Relaxed);
+        let tmp = spool
+            .dir()
+            .join(format!("rewrite-{}-{n}.tmp", std::process::id()));
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let r = (|| -> io::Result<()> {
+            let mut w = io::BufWriter::with_capacity(4 << 20, &f);
+            fill(&mut w)?;
+            w.flush()?;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        Ok(tmp)
+    }
+
+    /// Gives the temporary file the mode, owner and times of `like`,
+    /// fsyncs it and renames it to STORE path `to`, then fsyncs the
+    /// directory.
+    fn install(&self, tmp: &Path, like: &std::fs::Metadata, to: &Path) -> Result<()> {
+        let r = (|| -> io::Result<()> {
+            let f = OpenOptions::new().write(true).open(tmp)?;
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(std::fs::Permissions::from_mode(like.mode() & 0o7777))?;
+            if crate::fs::sys::is_root() {
+                std::os::unix::fs::fchown(&f, Some(like.uid()), Some(like.gid()))?;
+            }
+            f.set_times(
+                std::fs::FileTimes::new()
+                    .set_accessed(like.accessed()?)
+                    .set_modified(like.modified()?),
+            )?;
+            f.sync_all()
+        })();
+        if let Err(e) = r {
+            let _ = std::fs::remove_file(tmp);
+            return Err(e.into());
+        }
+        if let Err(e) = self.store.rename_in(tmp, to) {
+            let _ = std::fs::remove_file(tmp);
+            return Err(e.into());
+        }
+        self.store.sync_dir(parent(to))?;
+        Ok(())
+    }
+
+    /// Opens STORE file `rel` as an archive (bases inside STORE).
+    pub(in crate::fs) fn open_store_archive(&self, rel: &Path) -> Result<Arc<dyn ArchiveView>> {
+        let file: File = self.store.open_file(rel, libc::O_RDONLY, 0)?;
+        let path = self.store.path().join(rel);
+        let bases = StoreBases { store: &self.store };
+        archive::from_file_with(&file, &path, &bases).map_err(|e| bad(&path, e))
+    }
+
+    /// Rewrites delta `d` as a standalone `.zstn` next to it (see the
+    /// module doc); `rels` are the store's relations.
+    fn make_standalone(&self, rels: &[Relation], d: &Path) -> Result<()> {
+        let like = self.store.lstat(d)?;
+        let a = self.open_store_archive(d)?;
+        if a.files() != 1 || !a.file_path(0).is_empty() {
+            return Err(bad(d, "not a single-file archive"));
+        }
+        let mut bytes = Vec::new();
+        archive::write_to(&*a, 0, &mut bytes, &|_| {}).map_err(|e| bad(d, e))?;
+        drop(a);
+        let name = d.file_name().ok_or(FsError::NotFound)?;
+        let presented = namespace::presented_name(name).ok_or_else(|| bad(d, "not an archive"))?;
+        let new_name = namespace::archive_name_for(&presented);
+        let new_rel = parent(d).join(&new_name);
+        let exists = new_rel != d && self.store.lstat(&new_rel).is_ok();
+        if exists && !self.presents(&new_rel, &bytes) {
+            // Something else is stored under the standalone name (it
+            // shadows this delta): nowhere to put it without a loss.
+            log::error!(
+                "{}: cannot be made standalone, {} exists; the change to its base is refused",
+                d.display(),
+                new_rel.display()
+            );
+            return Err(FsError::Io(io::Error::from_raw_os_error(libc::EBUSY)));
+        }
+        if !exists {
+            let tmp = self.spool_tmp(|w| {
+                crate::pack::pack(&bytes, w, Default::default(), &|_| {})
+                    .map(|_| ())
+                    .map_err(io::Error::other)
+            })?;
+            drop(bytes);
+            self.install(&tmp, &like, &new_rel)?;
+            test_pause("standalone");
+        }
+        // Else a crash left the standalone copy in place already.
+        let fp = self
+            .open_store_archive(&new_rel)
+            .ok()
+            .and_then(|a| a.fingerprint());
+        for e in rels.iter().filter(|r| r.delta != d && r.base == d) {
+            self.retarget(&e.delta, &base_path_for(&e.delta, &new_rel)?, fp)?;
+        }
+        if new_rel != d {
+            self.store.unlink(d)?;
+            self.store.sync_dir(parent(d))?;
+        }
+        self.rebase_inode(d, &new_name);
+        log::info!(
+            "{}: its base is going away; rewritten standalone as {}",
+            d.display(),
+            new_rel.display()
+        );
+        Ok(())
+    }
+
+    /// Whether STORE archive `rel` presents exactly `bytes`.
+    fn presents(&self, rel: &Path, bytes: &[u8]) -> bool {
+        let Ok(a) = self.open_store_archive(rel) else {
+            return false;
+        };
+        if a.files() != 1 || a.logical_len(0) != bytes.len() as u64 {
+            return false;
+        }
+        let mut v = Vec::new();
+        archive::write_to(&*a, 0, &mut v, &|_| {}).is_ok() && v == bytes
+    }
+
+    /// Rewrites the trailer of delta `d` to record base path `base_path`
+    /// (and `fingerprint`, when given). The presented content is the same.
+    pub(in crate::fs) fn retarget(
+        &self,
+        d: &Path,
+        base_path: &str,
+        fingerprint: Option<u64>,
+    ) -> Result<()> {
+        let like = self.store.lstat(d)?;
+        let (t, map) = self.read_trailer(d)?;
+        let mut n = t.clone();
+        n.base_path = base_path.to_string();
+        if let Some(fp) = fingerprint {
+            n.base_fingerprint = fp;
+        }
+        if n == t {
+            return Ok(());
+        }
+        let tmp = self.spool_tmp(|w| {
+            w.write_all(&map[..t.z4dm_len as usize])?;
+            w.write_all(&n.render())
+        })?;
+        drop(map);
+        self.install(&tmp, &like, d)?;
+        self.rebase_inode(d, d.file_name().unwrap_or_default());
+        log::info!("{}: base path now {base_path}", d.display());
+        Ok(())
+    }
+
+    /// The inode presenting STORE archive `old` (if the table has one)
+    /// now has backing `new_name` in the same directory: same content,
+    /// same number.
+    fn rebase_inode(&self, old: &Path, new_name: &OsStr) {
+        let mut ino = ROOT_INO;
+        for c in parent(old).components() {
+            match self.inodes.find(ino, c.as_os_str()) {
+                Some(i) => ino = i.ino,
+                None => return,
+            }
+        }
+        let Some(old_name) = old.file_name() else {
+            return;
+        };
+        let Some(presented) = namespace::presented_name(old_name) else {
+            return;
+        };
+        let Some(inode) = self.inodes.find(ino, &presented) else {
+            return;
+        };
+        let l = inode.loc();
+        if l.kind != NodeKind::Archive || l.backing != old_name {
+            return;
+        }
+        if let Ok(m) = self.store.lstat(&parent(old).join(new_name)) {
+            inode.rebase(
+                new_name.to_os_string(),
+                NodeKind::Archive,
+                (m.dev(), m.ino()),
+            );
+        }
+    }
+
+    /// The trailer rewrites a rename of STORE path `from` to `to` (a file
+    /// or a directory) needs: (delta's path after the rename, new base
+    /// path).
+    pub(in crate::fs) fn plan_rename(&self, from: &Path, to: &Path) -> Vec<(PathBuf, String)> {
+        let map = |p: &Path| match p.strip_prefix(from) {
+            Ok(s) if s.as_os_str().is_empty() => to.to_path_buf(),
+            Ok(s) => to.join(s),
+            Err(_) => p.to_path_buf(),
+        };
+        let mut fixes = Vec::new();
+        for r in self.relations() {
+            let (d, b) = (map(&r.delta), map(&r.base));
+            if d == r.delta && b == r.base {
+                continue;
+            }
+            match base_path_for(&d, &b) {
+                Ok(p) if p != r.recorded => fixes.push((d, p)),
+                Ok(_) => {}
+                Err(e) => log::warn!("{}: base path not kept: {e}", d.display()),
+            }
+        }
+        fixes
+    }
+
+    /// Records `fixes` for a rename of `from` to `to` before it happens.
+    pub(in crate::fs) fn begin_rename(
+        &self,
+        from: &Path,
+        to: &Path,
+        fixes: &[(PathBuf, String)],
+    ) -> Result<()> {
+        if fixes.is_empty() {
+            return Ok(());
+        }
+        let mut v = Vec::new();
+        for p in [from.as_os_str(), to.as_os_str()] {
+            v.extend_from_slice(p.as_bytes());
+            v.push(0);
+        }
+        for (d, b) in fixes {
+            v.extend_from_slice(d.as_os_str().as_bytes());
+            v.push(0);
+            v.extend_from_slice(b.as_bytes());
+            v.push(0);
+        }
+        let spool = self.spool()?;
+        let tmp = spool.dir().join(format!("{JOURNAL}.tmp"));
+        {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&v)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, spool.dir().join(JOURNAL))?;
+        crate::fsutil::sync_dir(spool.dir())?;
+        Ok(())
+    }
+
+    /// After the rename: rewrites the trailers, then drops the journal.
+    pub(in crate::fs) fn finish_rename(&self, fixes: &[(PathBuf, String)]) -> Result<()> {
+        if fixes.is_empty() {
+            return Ok(());
+        }
+        test_pause("rename");
+        for (d, b) in fixes {
+            if self.store.lstat(d).is_ok() {
+                if let Err(e) = self.retarget(d, b, None) {
+                    // The journal stays: the next start tries again.
+                    log::error!(
+                        "{}: base path not rewritten to {b} after a rename ({e}); retried at the next start",
+                        d.display()
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        let spool = self.spool()?;
+        std::fs::remove_file(spool.dir().join(JOURNAL))?;
+        crate::fsutil::sync_dir(spool.dir())?;
+        Ok(())
+    }
+
+    /// At startup: finishes (or drops) a rename journal a crash left.
+    pub(in crate::fs) fn recover_relations(&self) {
+        let Ok(spool) = self.spool() else { return };
+        let path = spool.dir().join(JOURNAL);
+        let Ok(raw) = std::fs::read(&path) else {
+            return;
+        };
+        let parts: Vec<PathBuf> = raw
+            .split(|&b| b == 0)
+            .map(|p| PathBuf::from(OsString::from_vec(p.to_vec())))
+            .collect();
+        // from, to, pairs, and the empty piece after the last NUL.
+        if parts.len() < 3 || parts.len().is_multiple_of(2) {
+            log::warn!("{}: damaged, ignored", path.display());
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        let (from, to) = (&parts[0], &parts[1]);
+        let fixes: Vec<(PathBuf, String)> = parts[2..parts.len() - 1]
+            .chunks(2)
+            .map(|c| (c[0].clone(), c[1].to_string_lossy().into_owned()))
+            .collect();
+        let _g = self.ns.lock();
+        let done = self.store.lstat(from).is_err() && self.store.lstat(to).is_ok();
+        if done {
+            log::info!(
+                "finishing the base paths of the rename of {} to {} (the daemon stopped meanwhile)",
+                from.display(),
+                to.display()
+            );
+            if let Err(e) = self.finish_rename(&fixes) {
+                log::error!("{}: not finished: {e}", path.display());
+            }
+        } else {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! `ckptfs mount --delta auto` (issue 14): checkpoints saved into the
+//! mount are stored as deltas (`X.z4dm`) against the previous step, read
+//! back exact (and after a remount); unlinking, overwriting and renaming a
+//! base keeps every dependent exact and `ckptfs verify STORE` green;
+//! `kill -9` during a delta commit, a rewrite of a dependent and a rename
+//! loses nothing.
+//!
+//! Needs root and /dev/fuse, as the other mount tests.
+
+mod common;
+
+use common::{ckptfs, gauss_bf16, gauss_f32, safetensors_file, Mount, Rng};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const DELTA: &[&str] = &["--delta", "auto"];
+
+/// A training run: tensors in bf16 and fp32; each step changes a few of
+/// them (a small update on every element), the rest stay.
+struct Run {
+    rng: Rng,
+    tensors: Vec<(String, &'static str, Vec<u64>, Vec<u8>)>,
+    step: usize,
+}
+
+impl Run {
+    fn new(seed: u64) -> Run {
+        let mut rng = Rng(seed | 1);
+        let mut tensors = Vec::new();
+        for i in 0..8 {
+            if i % 2 == 0 {
+                let v = gauss_bf16(&mut rng, 1 << 16, 0.02);
+                tensors.push((format!("l{i}.w"), "BF16", vec![256, 256], v));
+            } else {
+                let v = gauss_f32(&mut rng, 1 << 15, 0.02);
+                tensors.push((format!("l{i}.w"), "F32", vec![128, 256], v));
+            }
+        }
+        Run {
+            rng,
+            tensors,
+            step: 0,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let t: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = self
+            .tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+            .collect();
+        safetensors_file(&t, None)
+    }
+
+    /// The next step: two tensors get a small update.
+    fn advance(&mut self) {
+        self.step += 1;
+        for k in 0..2 {
+            let i = (self.step * 3 + k * 5) % self.tensors.len();
+            let t = &mut self.tensors[i];
+            let w = if t.1 == "BF16" { 2 } else { 4 };
+            for e in t.3.chunks_mut(w) {
+                if self.rng.below(3) == 0 {
+                    // Flip a low mantissa bit: a learning-rate-sized step.
+                    e[0] ^= 1 << self.rng.below(3);
+                }
+            }
+        }
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+fn verify_ok(store: &Path) -> String {
+    let o = ckptfs(&["verify", store.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "verify STORE failed:\n{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn getxattr(p: &Path, name: &str) -> Option<String> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated path and name; `buf` writable for its length.
+    let r = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+}
+
+fn setxattr(p: &Path, name: &str, value: &str) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    // SAFETY: NUL-terminated path and name; the value is valid for its length.
+    let r = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Saves `bytes` as `rel` in the mount and waits for the commit.
+fn save(m: &Mount, rel: &str, bytes: &[u8]) {
+    let p = m.path(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    m.wait_committed(120);
+}
+
+fn wait_log(m: &Mount, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !m.log_text().contains(what) {
+        assert!(
+            Instant::now() < deadline,
+            "never logged {what:?}: {}",
+            m.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn ten_checkpoints_are_deltas_and_read_back_exact() {
+    let mut m = Mount::new(|_| {}, DELTA);
+    let mut run = Run::new(5);
+    let mut want = Vec::new();
+    for step in 0..10 {
+        let b = run.bytes();
+        save(&m, &format!("step-{step}/model.safetensors"), &b);
+        want.push(b);
+        run.advance();
+    }
+    let standalone = std::fs::metadata(m.store.join("step-0/model.zstn"))
+        .unwrap()
+        .len();
+    let mut delta_bytes = 0;
+    for step in 1..10 {
+        let d = m.store.join(format!("step-{step}"));
+        assert_eq!(
+            names(&d),
+            vec!["model.z4dm"],
+            "step {step}: {}",
+            m.log_text()
+        );
+        let p = m.path(&format!("step-{step}/model.safetensors"));
+        // `du` counts the delta's own stored bytes.
+        let du = std::fs::metadata(&p).unwrap().blocks() * 512;
+        let stored = std::fs::metadata(d.join("model.z4dm")).unwrap().len();
+        assert!(
+            du >= stored && du < stored + 8192,
+            "du {du}, stored {stored}"
+        );
+        assert!(
+            stored * 2 < standalone,
+            "step {step}: {stored} vs {standalone}"
+        );
+        delta_bytes += stored;
+        let base = getxattr(&p, "user.ckptfs.base").unwrap();
+        assert!(base.starts_with("../step-"), "{base}");
+    }
+    eprintln!("10 checkpoints: standalone {standalone} bytes each, 9 deltas {delta_bytes} bytes");
+    // The chain stays within MAX_CHAIN (4): later steps were re-based.
+    let v = verify_ok(&m.store);
+    assert_eq!(v.matches("OK ").count(), 9, "{v}");
+    assert!(!v.contains("chain depth 5"), "{v}");
+    for (step, w) in want.iter().enumerate() {
+        let got = std::fs::read(m.path(&format!("step-{step}/model.safetensors"))).unwrap();
+        assert!(got == *w, "step {step} differs");
+    }
+    m.unmount();
+    m.remount(&[]);
+    for (step, w) in want.iter().enumerate() {
+        let got = std::fs::read(m.path(&format!("step-{step}/model.safetensors"))).unwrap();
+        assert!(got == *w, "step {step} differs after a remount");
+    }
+}
+
+#[test]
+fn the_base_xattr_picks_the_base_and_without_delta_nothing_changes() {
+    let mut m = Mount::new(|_| {}, DELTA);
+    let mut run = Run::new(9);
+    let a = run.bytes();
+    save(&m, "run/x/model.safetensors", &a);
+    run.advance();
+    let b = run.bytes();
+    save(&m, "run/y/model.safetensors", &b);
+    run.advance();
+    let c = run.bytes();
+    // Without the xattr y (the newest sibling) would be the base.
+    let p = m.path("run/z/model.safetensors");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(&c).unwrap();
+        setxattr(&p, "user.ckptfs.base", "../x/model.safetensors");
+        f.flush().unwrap();
+    }
+    m.wait_committed(120);
+    assert_eq!(names(&m.store.join("run/z")), vec!["model.z4dm"]);
+    assert_eq!(
+        getxattr(&p, "user.ckptfs.base").as_deref(),
+        Some("../x/model.zstn")
+    );
+    assert!(std::fs::read(&p).unwrap() == c);
+    // A file with nothing in common is stored standalone.
+    let other = safetensors_file(&[("q", "F32", vec![4], vec![1; 16])], None);
+    save(&m, "run/w/model.safetensors", &other);
+    assert_eq!(names(&m.store.join("run/w")), vec!["model.zstn"]);
+    verify_ok(&m.store);
+    // Without --delta: standalone.
+    m.unmount();
+    m.remount(&[]);
+    save(&m, "run/v/model.safetensors", &c);
+    assert_eq!(names(&m.store.join("run/v")), vec!["model.zstn"]);
+}
+
+/// step-0 <- step-1 <- step-2 (deltas), returning the three files.
+fn chain(m: &Mount, seed: u64) -> Vec<Vec<u8>> {
+    let mut run = Run::new(seed);
+    let mut want = Vec::new();
+    for step in 0..3 {
+        let b = run.bytes();
+        save(m, &format!("step-{step}/model.safetensors"), &b);
+        want.push(b);
+        run.advance();
+    }
+    assert_eq!(names(&m.store.join("step-2")), vec!["model.z4dm"]);
+    want
+}
+
+fn read(m: &Mount, rel: &str) -> Vec<u8> {
+    std::fs::read(m.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}: {}", m.log_text()))
+}
+
+#[test]
+fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
+    let m = Mount::new(|_| {}, DELTA);
+    let want = chain(&m, 21);
+    // A directory rename: both relations cross it.
+    std::fs::rename(m.path("step-1"), m.path("step-1b")).unwrap();
+    assert_eq!(read(&m, "step-1b/model.safetensors"), want[1]);
+    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert_eq!(
+        getxattr(&m.path("step-2/model.safetensors"), "user.ckptfs.base").as_deref(),
+        Some("../step-1b/model.z4dm")
+    );
+    verify_ok(&m.store);
+    // A file rename of the root base.
+    std::fs::rename(
+        m.path("step-0/model.safetensors"),
+        m.path("step-0/renamed.safetensors"),
+    )
+    .unwrap();
+    assert_eq!(
+        getxattr(&m.path("step-1b/model.safetensors"), "user.ckptfs.base").as_deref(),
+        Some("../step-0/renamed.zstn")
+    );
+    verify_ok(&m.store);
+    // Overwriting the root base (O_TRUNC, then commit): step-1b is made
+    // standalone, step-2 now depends on that.
+    let fresh = Run::new(99).bytes();
+    save(&m, "step-0/renamed.safetensors", &fresh);
+    assert_eq!(names(&m.store.join("step-1b")), vec!["model.zstn"]);
+    assert_eq!(
+        getxattr(&m.path("step-2/model.safetensors"), "user.ckptfs.base").as_deref(),
+        Some("../step-1b/model.zstn")
+    );
+    assert_eq!(read(&m, "step-0/renamed.safetensors"), fresh);
+    assert_eq!(read(&m, "step-1b/model.safetensors"), want[1]);
+    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    verify_ok(&m.store);
+    // Unlinking a base.
+    std::fs::remove_file(m.path("step-1b/model.safetensors")).unwrap();
+    assert_eq!(names(&m.store.join("step-2")), vec!["model.zstn"]);
+    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    verify_ok(&m.store);
+    // Renaming another file onto a base.
+    let mut run = Run::new(21);
+    run.advance();
+    run.advance();
+    run.advance();
+    let s3 = run.bytes();
+    save(&m, "step-3/model.safetensors", &s3);
+    assert_eq!(names(&m.store.join("step-3")), vec!["model.z4dm"]);
+    save(&m, "other/model.safetensors", &fresh);
+    std::fs::rename(
+        m.path("other/model.safetensors"),
+        m.path("step-2/model.safetensors"),
+    )
+    .unwrap();
+    assert_eq!(read(&m, "step-2/model.safetensors"), fresh);
+    assert_eq!(read(&m, "step-3/model.safetensors"), s3);
+    verify_ok(&m.store);
+}
+
+#[test]
+fn kill_9_during_a_delta_commit_loses_nothing() {
+    let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "delta-commit")]);
+    let mut run = Run::new(31);
+    let a = run.bytes();
+    save(&m, "step-0/model.safetensors", &a);
+    run.advance();
+    let b = run.bytes();
+    let p = m.path("step-1/model.safetensors");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, &b).unwrap();
+    wait_log(&m, "test hook: paused at delta-commit");
+    m.kill9();
+    // The delta is in place and the staged copy still there.
+    assert_eq!(names(&m.store.join("step-1")), vec!["model.z4dm"]);
+    assert!(!m.spool_entries().is_empty());
+    m.remount(DELTA);
+    assert_eq!(read(&m, "step-1/model.safetensors"), b);
+    m.wait_committed(120);
+    assert_eq!(names(&m.store.join("step-1")), vec!["model.z4dm"]);
+    assert_eq!(read(&m, "step-0/model.safetensors"), a);
+    assert_eq!(read(&m, "step-1/model.safetensors"), b);
+    verify_ok(&m.store);
+}
+
+#[test]
+fn kill_9_while_a_dependent_is_rewritten_loses_nothing() {
+    let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "standalone")]);
+    let want = chain(&m, 41);
+    let victim = m.path("step-0/model.safetensors");
+    // The unlink blocks in the paused daemon; it fails once it is killed.
+    let rm = std::thread::spawn(move || std::fs::remove_file(victim));
+    wait_log(&m, "test hook: paused at standalone");
+    m.kill9();
+    let _ = rm.join();
+    // step-1's standalone copy is in place next to its delta.
+    assert_eq!(
+        names(&m.store.join("step-1")),
+        vec!["model.z4dm", "model.zstn"]
+    );
+    m.remount(DELTA);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(read(&m, &format!("step-{i}/model.safetensors")), *w);
+    }
+    verify_ok(&m.store);
+    std::fs::remove_file(m.path("step-0/model.safetensors")).unwrap();
+    assert_eq!(names(&m.store.join("step-1")), vec!["model.zstn"]);
+    assert_eq!(read(&m, "step-1/model.safetensors"), want[1]);
+    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    verify_ok(&m.store);
+}
+
+#[test]
+fn kill_9_during_a_rename_of_a_base_loses_nothing() {
+    let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "rename")]);
+    let want = chain(&m, 51);
+    let (from, to) = (m.path("step-1"), m.path("moved"));
+    let mv = std::thread::spawn(move || std::fs::rename(from, to));
+    wait_log(&m, "test hook: paused at rename");
+    m.kill9();
+    let _ = mv.join();
+    // The rename happened; the trailers are rewritten at the next start.
+    assert!(m.store.join("moved/model.z4dm").exists());
+    m.remount(&[]);
+    assert_eq!(read(&m, "step-0/model.safetensors"), want[0]);
+    assert_eq!(read(&m, "moved/model.safetensors"), want[1]);
+    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert!(m.spool_entries().is_empty(), "{:?}", m.spool_entries());
+    verify_ok(&m.store);
+}
