@@ -386,3 +386,38 @@ fn mv_of_a_blz_directory_renames_the_archive() {
     assert_eq!(names(&m.store.join("d")), vec!["m2.blz"]);
     assert_eq!(names(&m.path("d/m2")), before);
 }
+
+/// Whether the client reads `path` as exactly version `seed`.
+fn reads_version(path: &Path, seed: u32) -> bool {
+    Command::new(common::venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_write_client.py"))
+        .args(["expect", path.to_str().unwrap(), &seed.to_string(), "65536"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn one_writer_and_two_read_only_mounts_of_a_local_store_agree() {
+    let w = Mount::new(|_| {}, &[]);
+    let store = w.store.to_str().unwrap().to_string();
+    let r1 = Mount::of_store_arg(|_| {}, &store, &["--read-only"]);
+    let r2 = Mount::of_store_arg(|_| {}, &store, &["--read-only"]);
+    let p = w.path("model.safetensors");
+    for seed in 1..=3u32 {
+        client(&["save", p.to_str().unwrap(), &seed.to_string(), "65536"]);
+        w.wait_committed(60);
+        assert!(w.store.join("model.zstn").is_file());
+        // Each reader sees the commit, exact (a deadline against hangs,
+        // not a timing assertion: the kernel caches entries for 1 s).
+        for r in [&r1, &r2] {
+            let rp = r.path("model.safetensors");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !reads_version(&rp, seed) {
+                assert!(Instant::now() < deadline, "reader never saw version {seed}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}

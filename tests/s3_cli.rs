@@ -87,16 +87,3 @@ fn pack_to_a_bucket_then_info_verify_unpack_from_it() {
     );
     assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
-
-#[test]
-fn a_writable_s3_mount_is_refused_with_a_clear_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = Command::new(bin())
-        .args(["mount", "s3://b/p"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("--read-only"), "{e}");
-}

@@ -5,6 +5,8 @@ of it that the tests stop and start to cut the network.
     python s3_server.py server PORT      # moto; GET /__stats, POST /__reset
     python s3_server.py proxy PORT UPSTREAM_PORT
     python s3_server.py put ENDPOINT BUCKET [KEY=PATH ...]   # (boto3)
+    python s3_server.py get ENDPOINT BUCKET [KEY=PATH ...]   # (boto3)
+    python s3_server.py list ENDPOINT BUCKET PREFIX   # one "KEY SIZE" a line
 
 /__stats answers {"gets": n, "get_bytes": n, "ranges": ["bytes=a-b", ...],
 "keys": {key: bytes}} for the object GETs since the last /__reset.
@@ -97,9 +99,34 @@ def put(endpoint, bucket, pairs):
         s3.upload_file(path, bucket, key)
 
 
+def client(endpoint):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id="test", aws_secret_access_key="test")
+
+
+def get(endpoint, bucket, pairs):
+    s3 = client(endpoint)
+    for p in pairs:
+        key, path = p.split("=", 1)
+        s3.download_file(bucket, key, path)
+
+
+def list_keys(endpoint, bucket, prefix):
+    s3 = client(endpoint)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            print(o["Key"], o["Size"])
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "put":
         put(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "get":
+        get(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "list":
+        list_keys(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "server":
         serve(int(sys.argv[2]))
     else:

@@ -137,6 +137,14 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
                 a.store.display()
             ));
         }
+        if a.delta.is_some() {
+            // Deltas keep their bases by rewriting dependents in STORE,
+            // which a writable S3 mount would not upload.
+            return Err(anyhow::anyhow!(
+                "{}: --delta is not supported for s3:// stores (only local STORE directories)",
+                a.store.display()
+            ));
+        }
         return super::mount_s3::run(a, url, threads);
     }
     let store = a
@@ -165,7 +173,7 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
         None => DEFAULT_CACHE_BYTES,
     };
     if a.foreground {
-        foreground(&a, store, mountpoint, cache_bytes, threads)
+        foreground(&a, store, mountpoint, cache_bytes, threads, None)
     } else {
         background(&a, &mountpoint, threads)
     }
@@ -182,9 +190,14 @@ pub(super) fn background(
             mountpoint.display()
         ));
     }
-    if !a.read_only {
+    let s3 = a
+        .store
+        .to_str()
+        .is_some_and(|s| crate::store::s3::S3Url::parse(s).is_some());
+    if !a.read_only && !s3 {
         // The daemon takes the lock itself; trying here first gives the
         // clean one-line refusal instead of "the mount did not come up".
+        // (An S3 store's lock object is taken by the daemon only.)
         let store = a
             .store
             .canonicalize()
@@ -343,6 +356,7 @@ pub(super) fn foreground(
     mountpoint: PathBuf,
     cache_bytes: u64,
     threads: Option<usize>,
+    sink: Option<std::sync::Arc<dyn crate::fs::sink::Sink>>,
 ) -> Result<ExitCode> {
     init_logger(a.log_level.clone());
     // Decoded blocks are ~1 MiB and are allocated and freed constantly.
@@ -376,6 +390,10 @@ pub(super) fn foreground(
     .with_context(|| store.display().to_string())?;
     let fs = match a.gguf {
         Some(c) => fs.with_gguf(super::export::cast_of(c)),
+        None => fs,
+    };
+    let fs = match sink {
+        Some(s) => fs.with_sink(s),
         None => fs,
     };
     let fs = match a.delta {

@@ -1,19 +1,31 @@
-//! `ckptfs mount s3://BUCKET/PREFIX MNT --read-only`: the daemon keeps a
-//! local mirror of the prefix (`store::mirror`) under the cache directory
-//! and serves it as its STORE with the unchanged mount; archive bytes are
-//! fetched on demand with ranged GETs and kept across restarts.
+//! `ckptfs mount s3://BUCKET/PREFIX MNT`: the daemon keeps a local mirror
+//! of the prefix (`store::mirror`) under the cache directory and serves it
+//! as its STORE with the unchanged mount; archive bytes are fetched on
+//! demand with ranged GETs and kept across restarts.
+//!
+//! Without `--read-only` the mount writes into the bucket: the mirror is
+//! the mount's [`Sink`] (see `crate::fs::sink`), files written are staged
+//! in the spool under the cache directory (`mirror/.ckptfs-spool`) and
+//! uploaded after their last close (`.safetensors` compressed to `.zstn`
+//! first); a staged file left by a crash is uploaded by the next mount
+//! with the same cache directory. One writable daemon per prefix
+//! (`store::lease`).
 //!
 //! One daemon per cache directory (an exclusive `flock` on `DIR/lock`):
-//! two daemons filling one mirror would race on its files.
+//! two daemons filling one mirror would race on its files, and the spool
+//! is the daemon's own.
 
 use super::mount::{background, foreground, init_logger, parse_size};
 use super::Result;
 use crate::cli::MountArgs;
+use crate::fs::sink::Sink;
+use crate::store::lease::WriterLease;
 use crate::store::mirror::Mirror;
 use crate::store::s3::{S3Client, S3Options, S3Url};
 use anyhow::Context as _;
+use std::io;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,9 +58,6 @@ pub fn options(endpoint: Option<String>, timeout: f64) -> Result<S3Options> {
 }
 
 pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode> {
-    if !a.read_only {
-        anyhow::bail!("{url}: writable S3 mounts are not supported yet; mount it with --read-only");
-    }
     if !(a.metadata_ttl.is_finite() && a.metadata_ttl > 0.0) {
         anyhow::bail!(
             "--metadata-ttl {}: must be a positive number of seconds",
@@ -91,6 +100,15 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         );
     }
     let client = Arc::new(S3Client::new(url.clone(), &opts).with_context(|| url.to_string())?);
+    // The single writer of the prefix, taken before the spool is recovered.
+    let lease = if a.read_only {
+        None
+    } else {
+        let owner = owner_token(&cache_dir).with_context(|| cache_dir.display().to_string())?;
+        let l = WriterLease::acquire(client.clone(), &owner).map_err(anyhow::Error::msg)?;
+        l.spawn_heartbeat()?;
+        Some(l)
+    };
     let mirror = Arc::new(
         Mirror::open(client, &cache_dir).with_context(|| cache_dir.display().to_string())?,
     );
@@ -104,13 +122,99 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         mirror.root().display(),
         cache_dir.display()
     );
+    let sink: Option<Arc<dyn Sink>> = lease
+        .as_ref()
+        .map(|_| Arc::new(S3Sink(mirror.clone())) as Arc<dyn Sink>);
     let r = foreground(
         &a,
         mirror.root().to_path_buf(),
         mountpoint,
         cache_bytes,
         threads,
+        sink,
     );
+    if let Some(l) = lease {
+        l.release();
+    }
     drop(lock);
     r
+}
+
+/// The token that names this cache directory's daemons in the writer
+/// lock: created once, random.
+fn owner_token(cache_dir: &Path) -> io::Result<String> {
+    let path = cache_dir.join("owner");
+    if let Ok(s) = std::fs::read_to_string(&path) {
+        if !s.trim().is_empty() {
+            return Ok(s.trim().to_string());
+        }
+    }
+    let seed = format!(
+        "{}\n{:?}\n{}",
+        std::process::id(),
+        std::time::SystemTime::now(),
+        cache_dir.display()
+    );
+    let token = format!(
+        "{:016x}{:016x}",
+        xxhash_rust::xxh3::xxh3_64(seed.as_bytes()),
+        xxhash_rust::xxh3::xxh3_64_with_seed(seed.as_bytes(), 1)
+    );
+    crate::fsutil::write_atomic(&path, true, |w| {
+        use std::io::Write;
+        w.write_all(token.as_bytes())
+    })?;
+    Ok(token)
+}
+
+/// The mirror as the mount's commit interface.
+struct S3Sink(Arc<Mirror>);
+
+/// An object key is UTF-8.
+fn key(rel: &Path) -> io::Result<&str> {
+    rel.to_str().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not UTF-8, cannot be an S3 key", rel.display()),
+        )
+    })
+}
+
+fn logged(what: &Path, r: io::Result<()>) {
+    if let Err(e) = r {
+        log::error!("{}: {e}", what.display());
+    }
+}
+
+impl Sink for S3Sink {
+    fn publish(&self, local: &Path, rel: &Path) -> io::Result<String> {
+        self.0.publish(local, key(rel)?)
+    }
+    fn published(&self, rel: &Path, _local: &Path, tag: &str) {
+        logged(rel, key(rel).and_then(|k| self.0.published(k, tag)));
+    }
+    fn unpublish(&self, rel: &Path) {
+        if let Ok(k) = key(rel) {
+            self.0.unpublish(k);
+        }
+    }
+    fn remove(&self, rel: &Path) -> io::Result<()> {
+        match key(rel) {
+            Ok(k) => self.0.remove(k),
+            // Never uploaded.
+            Err(_) => Ok(()),
+        }
+    }
+    fn copy(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.0.copy(key(from)?, key(to)?)
+    }
+    fn moved(&self, from: &Path, to: &Path, _local: &Path) {
+        logged(
+            to,
+            key(from).and_then(|f| key(to).and_then(|t| self.0.moved(f, t))),
+        );
+    }
+    fn fill(&self, _rel: &Path, local: &Path) -> io::Result<()> {
+        crate::store::remote::fill_whole(&std::fs::File::open(local)?)
+    }
 }

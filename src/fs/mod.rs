@@ -70,6 +70,7 @@ mod ns_lock;
 pub mod prefetch;
 mod read;
 mod resolve;
+pub mod sink;
 pub mod spool;
 mod sys;
 mod types;
@@ -148,6 +149,9 @@ pub struct CheckpointFs {
     gguf: Option<crate::export::Cast>,
     /// Each model's GGUF view as last built, by model path (a leaf lock).
     gguf_views: Mutex<HashMap<PathBuf, gguf_view::ViewSlot>>,
+    /// Where commits go beyond STORE (an `s3://` mount); None for a local
+    /// store.
+    sink: Option<Arc<dyn sink::Sink>>,
     /// `mount --delta auto`: commits may be stored as deltas.
     delta_auto: bool,
     relation_cache: RelationCache,
@@ -200,6 +204,7 @@ impl CheckpointFs {
             },
             gguf: None,
             gguf_views: Mutex::new(HashMap::new()),
+            sink: None,
             delta_auto: false,
             relation_cache: Default::default(),
         };
@@ -224,6 +229,13 @@ impl CheckpointFs {
 
     pub fn store(&self) -> &Path {
         self.store.path()
+    }
+
+    /// Makes every commit and change of STORE go through `sink` first
+    /// (see [`sink`]).
+    pub fn with_sink(mut self, sink: Arc<dyn sink::Sink>) -> CheckpointFs {
+        self.sink = Some(sink);
+        self
     }
 
     /// Until the guard is dropped, this thread accesses STORE as the

@@ -22,6 +22,13 @@
 //! registered again, so the cache survives a restart and serves, without
 //! the server, every byte it holds.
 //!
+//! A writable mount changes the bucket through the mirror
+//! ([`Mirror::publish`], [`Mirror::published`], [`Mirror::remove`],
+//! [`Mirror::copy`], [`Mirror::moved`]): each records the key as changed
+//! locally, and a listing that started before that change leaves the key
+//! alone (it may predate the change); a key being uploaded is left alone
+//! by every listing until the upload ends.
+//!
 //! Keys that cannot be a path below the mirror (empty, `.` or `..`
 //! components, NUL, names longer than 255 bytes, names the store
 //! reserves) are skipped with a log line: nothing is ever written outside
@@ -47,7 +54,13 @@ pub struct Mirror {
     tmp_dir: PathBuf,
     /// The current version of each object, by relative key.
     known: Mutex<HashMap<String, Arc<RemoteFile>>>,
+    /// Keys this daemon changed: the change's sequence number (`BUSY`
+    /// while an upload or copy runs).
+    touched: Mutex<HashMap<String, u64>>,
+    seq: std::sync::atomic::AtomicU64,
 }
+
+const BUSY: u64 = u64::MAX;
 
 /// Whether `rel` can be a file below the mirror.
 pub fn valid_rel(rel: &str) -> bool {
@@ -68,6 +81,8 @@ impl Mirror {
             state_dir: cache_dir.join("state"),
             tmp_dir: cache_dir.join("tmp"),
             known: Mutex::new(HashMap::new()),
+            touched: Mutex::new(HashMap::new()),
+            seq: std::sync::atomic::AtomicU64::new(0),
         };
         for d in [&m.root, &m.state_dir, &m.tmp_dir] {
             std::fs::create_dir_all(d)?;
@@ -135,7 +150,11 @@ impl Mirror {
 
     /// Lists the prefix and brings the mirror up to date with it.
     pub fn refresh(&self) -> io::Result<()> {
+        let start = self.seq.load(std::sync::atomic::Ordering::SeqCst);
         let listed = self.client.list()?;
+        // Keys changed by this daemon since the listing started: the
+        // listing may predate the change.
+        let fresh = |rel: &str| self.touched.lock().get(rel).is_some_and(|&s| s > start);
         let mut seen = std::collections::HashSet::new();
         for l in listed {
             if l.rel.ends_with('/') {
@@ -149,6 +168,9 @@ impl Mirror {
                 continue;
             }
             seen.insert(l.rel.clone());
+            if fresh(&l.rel) {
+                continue;
+            }
             let current = self.known.lock().get(&l.rel).cloned();
             if let Some(c) = &current {
                 if c.etag == l.etag && c.size == l.size {
@@ -176,7 +198,7 @@ impl Mirror {
             .known
             .lock()
             .iter()
-            .filter(|(k, _)| !seen.contains(*k))
+            .filter(|(k, _)| !seen.contains(*k) && !fresh(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (rel, r) in gone {
@@ -226,6 +248,124 @@ impl Mirror {
         std::fs::rename(&tmp, &dest)?;
         remote::register(&r)?;
         Ok(r)
+    }
+
+    fn touch(&self, rel: &str, busy: bool) {
+        let s = self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        self.touched
+            .lock()
+            .insert(rel.to_string(), if busy { BUSY } else { s });
+    }
+
+    /// Uploads the finished local file `local` as object `rel` (whole or
+    /// not at all). Returns the object's ETag.
+    pub fn publish(&self, local: &Path, rel: &str) -> io::Result<String> {
+        self.touch(rel, true);
+        let r = self.client.put_file(local, rel);
+        if r.is_err() {
+            self.touch(rel, false);
+        }
+        r
+    }
+
+    /// The object `rel` (ETag `etag`) just uploaded is the mirror file at
+    /// `rel`, whole: it is registered as the current version, with every
+    /// byte present.
+    pub fn published(&self, rel: &str, etag: &str) -> io::Result<()> {
+        let r = self.adopt(rel, etag, None);
+        self.touch(rel, false);
+        r
+    }
+
+    /// Registers the mirror file at `rel` as version `etag` of object
+    /// `rel`, with bytes `present` (None: all).
+    fn adopt(&self, rel: &str, etag: &str, present: Option<RangeSet>) -> io::Result<()> {
+        let path = self.root.join(rel);
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        let m = file.metadata()?;
+        let listed = Listed {
+            rel: rel.to_string(),
+            size: m.len(),
+            etag: etag.to_string(),
+            mtime: m.mtime(),
+        };
+        let present = present.unwrap_or_else(|| {
+            let mut all = RangeSet::new();
+            all.insert(0..m.len());
+            all
+        });
+        if let Some(old) = self.known.lock().remove(rel) {
+            old.forget();
+        }
+        let name = format!(
+            "{:016x}-{:016x}",
+            xxh3_64(rel.as_bytes()),
+            xxh3_64(etag.as_bytes())
+        );
+        let state_path = self.state_dir.join(format!("{name}.json"));
+        let r = RemoteFile::new(self.client.clone(), &listed, file, state_path, present)?;
+        r.persist_now()?;
+        remote::register(&r)?;
+        self.known.lock().insert(rel.to_string(), r);
+        Ok(())
+    }
+
+    /// An upload of `rel` whose result was not committed: the object is
+    /// removed unless the mirror has a file at `rel`.
+    pub fn unpublish(&self, rel: &str) {
+        if self.root.join(rel).symlink_metadata().is_err() {
+            if let Err(e) = self.client.delete(rel) {
+                log::error!("{e}");
+            }
+        }
+        self.touch(rel, false);
+    }
+
+    /// Removes object `rel` (absent is not an error) and forgets it. A key
+    /// the mirror neither lists nor has a file for is not asked about.
+    pub fn remove(&self, rel: &str) -> io::Result<()> {
+        if !self.known.lock().contains_key(rel) && self.root.join(rel).symlink_metadata().is_err() {
+            return Ok(());
+        }
+        self.touch(rel, false);
+        match self.client.delete(rel) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        if let Some(old) = self.known.lock().remove(rel) {
+            old.forget();
+        }
+        self.touch(rel, false);
+        Ok(())
+    }
+
+    /// Copies object `from` to `to` on the server (before the mirror file
+    /// is renamed).
+    pub fn copy(&self, from: &str, to: &str) -> io::Result<()> {
+        self.touch(to, true);
+        let r = self.client.copy(from, to);
+        self.touch(to, false);
+        r
+    }
+
+    /// The mirror file `from` was renamed to `to` after [`Self::copy`]:
+    /// removes object `from` and registers the file as object `to`, with
+    /// the bytes it held.
+    pub fn moved(&self, from: &str, to: &str) -> io::Result<()> {
+        self.touch(from, false);
+        self.touch(to, false);
+        let old = self.known.lock().remove(from);
+        let present = old.as_ref().map(|r| {
+            r.forget();
+            r.present()
+        });
+        let head = self.client.head(to)?;
+        self.adopt(to, &head.etag, present)?;
+        self.touch(to, false);
+        match self.client.delete(from) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Lists every few `ttl` until the process exits (a failed listing

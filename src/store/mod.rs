@@ -8,10 +8,13 @@
 //!   demand with ranged conditional GETs, and the registry through which
 //!   `archive::Backing` finds it;
 //! - [`mirror`]: the directory of such copies that a mount of an
-//!   `s3://` store serves as its STORE, refreshed from the listing.
+//!   `s3://` store serves as its STORE, refreshed from the listing, and
+//!   through which a writable mount changes the bucket;
+//! - [`lease`]: the lock object that keeps one writable daemon per prefix.
 //!
 //! Nothing here depends on `fs` or on FUSE.
 
+pub mod lease;
 pub mod mirror;
 pub mod ranges;
 pub mod remote;

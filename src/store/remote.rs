@@ -122,6 +122,11 @@ impl RemoteFile {
         self.st.lock().present.covered()
     }
 
+    /// The byte ranges held locally.
+    pub fn present(&self) -> RangeSet {
+        self.st.lock().present.clone()
+    }
+
     pub fn is_complete(&self) -> bool {
         self.st.lock().present.contains(0..self.size)
     }

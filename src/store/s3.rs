@@ -307,7 +307,8 @@ impl S3Client {
 
     /// Uploads the file at `src` as object `rel` (in parts when large).
     /// The object appears only once the whole upload has completed.
-    pub fn put_file(&self, src: &Path, rel: &str) -> io::Result<()> {
+    /// Returns its ETag.
+    pub fn put_file(&self, src: &Path, rel: &str) -> io::Result<String> {
         let what = self.url.display(rel);
         let path = ObjPath::from(self.url.key(rel));
         let mut f = std::fs::File::open(src)?;
@@ -319,7 +320,7 @@ impl S3Client {
                 .run(&what, async {
                     self.store.put(&path, PutPayload::from(buf)).await
                 })
-                .map(|_| ());
+                .map(etag_of);
         }
         let upload = self.run(&what, async { self.store.put_multipart(&path).await })?;
         let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
@@ -336,16 +337,30 @@ impl S3Client {
             }
             w.write(&buf[..n]);
         }
-        self.run(&what, w.finish()).map(|_| ())
+        self.run(&what, w.finish()).map(etag_of)
     }
 
     /// Creates object `rel` holding `bytes` only if no object has that
-    /// name (`AlreadyExists` otherwise).
-    pub fn put_new(&self, rel: &str, bytes: Vec<u8>) -> io::Result<()> {
+    /// name (`AlreadyExists` otherwise). Returns its ETag.
+    pub fn put_new(&self, rel: &str, bytes: Vec<u8>) -> io::Result<String> {
+        self.put_mode(rel, bytes, PutMode::Create)
+    }
+
+    /// Replaces object `rel` by `bytes` only if its ETag is still `etag`
+    /// (an error saying it changed otherwise). Returns the new ETag.
+    pub fn put_if(&self, rel: &str, bytes: Vec<u8>, etag: &str) -> io::Result<String> {
+        let v = object_store::UpdateVersion {
+            e_tag: Some(etag.to_string()),
+            version: None,
+        };
+        self.put_mode(rel, bytes, PutMode::Update(v))
+    }
+
+    fn put_mode(&self, rel: &str, bytes: Vec<u8>, mode: PutMode) -> io::Result<String> {
         let what = self.url.display(rel);
         let path = ObjPath::from(self.url.key(rel));
         let opts = PutOptions {
-            mode: PutMode::Create,
+            mode,
             ..Default::default()
         };
         self.run(&what, async {
@@ -353,7 +368,40 @@ impl S3Client {
                 .put_opts(&path, PutPayload::from(bytes), opts)
                 .await
         })
-        .map(|_| ())
+        .map(etag_of)
+    }
+
+    /// The whole of small object `rel` and its ETag; an object larger
+    /// than `max` bytes is an error (nothing is read past `max`).
+    pub fn get_small(&self, rel: &str, max: u64) -> io::Result<(Vec<u8>, String)> {
+        let what = self.url.display(rel);
+        let path = ObjPath::from(self.url.key(rel));
+        let got = self.run(&what, async {
+            let r = self.store.get_opts(&path, GetOptions::default()).await?;
+            if r.meta.size > max {
+                return Ok(None);
+            }
+            let etag = r.meta.e_tag.clone().unwrap_or_default();
+            Ok(Some((r.bytes().await?, etag)))
+        })?;
+        match got {
+            Some((bytes, etag)) if bytes.len() as u64 <= max => Ok((bytes.to_vec(), etag)),
+            _ => Err(other(format!("{what}: larger than {max} bytes"))),
+        }
+    }
+
+    /// Server-side copy of object `from` to `to` (replacing `to`).
+    pub fn copy(&self, from: &str, to: &str) -> io::Result<()> {
+        let what = format!(
+            "copying {} to {}",
+            self.url.display(from),
+            self.url.display(to)
+        );
+        let (f, t) = (
+            ObjPath::from(self.url.key(from)),
+            ObjPath::from(self.url.key(to)),
+        );
+        self.run(&what, async { self.store.copy(&f, &t).await })
     }
 
     pub fn delete(&self, rel: &str) -> io::Result<()> {
@@ -388,6 +436,10 @@ fn map_result<T>(
             format!("{what}: no answer within {deadline:?}"),
         )),
     }
+}
+
+fn etag_of(r: object_store::PutResult) -> String {
+    r.e_tag.unwrap_or_default()
 }
 
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> io::Result<usize> {

@@ -18,7 +18,7 @@ mod test_support;
 #[allow(unused_imports)]
 pub use fixtures::*;
 #[allow(unused_imports)]
-pub use mount::{Aligned, Mount};
+pub use mount::{spool_entries, Aligned, Mount};
 pub use test_support::{vector_stems, vectors_dir};
 #[allow(unused_imports)]
 pub use test_support::{z4ai_opaque_frame, zstd_rle_frame, zstn_of_frames, zstn_with_header};

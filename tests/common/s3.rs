@@ -128,6 +128,44 @@ impl S3Server {
         );
     }
 
+    /// Downloads object `key` of `bucket` to `dest`.
+    pub fn get(&self, bucket: &str, key: &str, dest: &Path) {
+        let out = Command::new(venv_python())
+            .arg(script())
+            .args(["get", &self.direct(), bucket])
+            .arg(format!("{key}={}", dest.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "get {key}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The keys under `prefix` of `bucket` and their sizes, sorted.
+    pub fn list(&self, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
+        let out = Command::new(venv_python())
+            .arg(script())
+            .args(["list", &self.direct(), bucket, prefix])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "list: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut v: Vec<(String, u64)> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let (k, n) = l.rsplit_once(' ')?;
+                Some((k.to_string(), n.parse().ok()?))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Uploads every regular file below `dir` under `prefix`.
     pub fn put_tree(&self, bucket: &str, prefix: &str, dir: &Path) {
         fn walk(root: &Path, d: &Path, out: &mut Vec<(String, std::path::PathBuf)>) {

@@ -45,11 +45,25 @@ impl CheckpointFs {
         }
         let t0 = std::time::Instant::now();
         let packed = self.compress_staged(spool, id, &entry);
+        // Uploaded while the staged file is still marked as being read
+        // (writers wait), with no lock held.
+        let published = match &packed {
+            Ok(p) => self.publish_staged(spool, id, &entry, p.is_some()),
+            Err(_) => Ok(None),
+        };
         spool.end_compress(id);
-        let packed = match packed {
+        let step = if packed.is_ok() {
+            "upload"
+        } else {
+            "compression"
+        };
+        let packed = match packed.and_then(|p| published.map(|u| (p, u))) {
             Ok(p) => p,
             Err(e) => {
                 let _ = std::fs::remove_file(spool.tmp_path(id));
+                if self.sink.is_some() {
+                    self.writeback.retry_later(id);
+                }
                 if spool.entry(id).is_none_or(|c| c.version != entry.version) {
                     // Renamed over or removed while it was being read: a
                     // later version (or nothing) is what the name shows now.
@@ -60,7 +74,7 @@ impl CheckpointFs {
                     return;
                 }
                 log::error!(
-                    "{}: compression failed, the file stays staged at {} and readable: {e}",
+                    "{}: {step} failed, the file stays staged at {} and readable: {e}",
                     entry.target.display(),
                     spool.data_path(id).display()
                 );
@@ -71,17 +85,25 @@ impl CheckpointFs {
         let _held = self.hold_commits(&entry.target);
         let _g = self.ns.lock();
         let current = spool.entry(id);
+        let (packed, published) = packed;
         if current.as_ref().map(|c| c.version) != Some(entry.version)
             || self.writer_count(entry.identity) > 0
             || self.is_open(entry.identity)
         {
             // Changed while compressing: the next close queues it again.
             let _ = std::fs::remove_file(spool.tmp_path(id));
+            if let (Some(sink), Some((rel, _))) = (&self.sink, &published) {
+                if current.is_none_or(|c| c.target != entry.target) {
+                    // Removed or renamed meanwhile: nothing presents the
+                    // object just uploaded.
+                    sink.unpublish(rel);
+                }
+            }
             return;
         }
         let current = current.expect("checked");
         let how = packed.as_ref().map(|p| p.delta.as_ref());
-        match self.commit_locked(spool, id, &current, how) {
+        match self.commit_locked(spool, id, &current, how, published.as_ref()) {
             Ok(false) => {
                 // The delta's base changed meanwhile: packed again.
                 let _ = std::fs::remove_file(spool.tmp_path(id));
@@ -114,6 +136,9 @@ impl CheckpointFs {
                     "{}: commit failed, the file stays staged and readable: {e}",
                     current.target.display()
                 );
+                if self.sink.is_some() {
+                    self.writeback.retry_later(id);
+                }
             }
         }
     }
@@ -159,6 +184,10 @@ impl CheckpointFs {
         };
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
         if let Err(e) = crate::format::safetensors::split_file(bytes) {
+            if !namespace::is_staging_name(entry.target.file_name().unwrap_or_default()) {
+                // Any file is staged when the store has a sink.
+                return Ok(None);
+            }
             log::warn!(
                 "{}: not a valid safetensors file ({e}); kept in the store as a plain file",
                 entry.target.display()
@@ -218,12 +247,26 @@ impl CheckpointFs {
         id: u64,
         entry: &SpoolEntry,
         how: Option<Option<&PackedDelta>>,
+        published: Option<&(std::path::PathBuf, String)>,
     ) -> Result<bool> {
         let name = entry.target.file_name().ok_or(FsError::NotFound)?;
         let dir_rel = entry.target.parent().unwrap_or(Path::new(""));
         if !self.store.is_dir(dir_rel) {
             // Removed in STORE behind the mount's back: never drop data.
             self.store.create_dir_all(dir_rel)?;
+        }
+        let final_rel = dir_rel.join(match how {
+            Some(Some(_)) => namespace::delta_name_for(name),
+            Some(None) => self.archive_name_in(dir_rel, name),
+            None => name.to_os_string(),
+        });
+        if self.sink.is_some() && published.is_none_or(|(rel, _)| *rel != final_rel) {
+            // Uploaded under another name (an archive of the long name
+            // appeared meanwhile): published again by the retry.
+            if let (Some(sink), Some((rel, _))) = (&self.sink, published) {
+                sink.unpublish(rel);
+            }
+            return Err(FsError::Io(io::Error::other("the archive name changed")));
         }
         // Every backing the new version replaces keeps its dependents
         // (rewritten standalone first, see `relations`).
@@ -261,6 +304,9 @@ impl CheckpointFs {
             (name.to_os_string(), NodeKind::Plain)
         };
         self.store.sync_dir(dir_rel)?;
+        if let (Some(sink), Some((rel, tag))) = (&self.sink, published) {
+            sink.published(rel, &self.store.path().join(rel), tag);
+        }
         if matches!(how, Some(Some(_))) {
             super::relations::test_pause("delta-commit");
         }
@@ -278,6 +324,45 @@ impl CheckpointFs {
         }
         crate::fsutil::sync_dir(spool.dir())?;
         Ok(true)
+    }
+
+    /// With a sink: uploads what the commit will move into STORE (the
+    /// compressed file, or the staged bytes when `compressed` is false)
+    /// under its final name. Returns that name and the version's tag.
+    fn publish_staged(
+        &self,
+        spool: &Spool,
+        id: u64,
+        entry: &SpoolEntry,
+        compressed: bool,
+    ) -> io::Result<Option<(std::path::PathBuf, String)>> {
+        let Some(sink) = &self.sink else {
+            return Ok(None);
+        };
+        let name = entry
+            .target
+            .file_name()
+            .ok_or_else(|| io::Error::other("no file name"))?;
+        let dir_rel = entry.target.parent().unwrap_or(Path::new(""));
+        let (local, rel) = if compressed {
+            (
+                spool.tmp_path(id),
+                dir_rel.join(self.archive_name_in(dir_rel, name)),
+            )
+        } else {
+            (spool.data_path(id), entry.target.clone())
+        };
+        let t0 = std::time::Instant::now();
+        let tag = sink.publish(&local, &rel)?;
+        let size = std::fs::metadata(&local).map_or(0, |m| m.len());
+        log::info!(
+            "{}: uploaded {} bytes in {:.2} s ({:.1} MB/s)",
+            rel.display(),
+            size,
+            t0.elapsed().as_secs_f64(),
+            size as f64 / 1e6 / t0.elapsed().as_secs_f64().max(1e-6)
+        );
+        Ok(Some((rel, tag)))
     }
 
     /// The archive name a staged `name` in `dir` is committed as: for

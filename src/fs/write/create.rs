@@ -6,7 +6,6 @@
 
 use super::open::backing_flags;
 use crate::fs::inode::{Inode, NodeKind};
-use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
 use crate::fs::spool::Spool;
 use crate::fs::sys::set_owner;
@@ -42,7 +41,7 @@ impl CheckpointFs {
         let dm = self.store.lstat(&rel).map_err(not_found_is)?;
         let _g = self.ns.lock();
         let spool = self.spool()?;
-        if namespace::is_staging_name(name) {
+        if self.stages(name) {
             self.store.may_write_dir(&rel)?;
             let (id, file) = spool.create(&rel.join(name), mode, flags)?;
             if let Err(e) = set_owner(&self.store, &Spool::data_rel(id), caller, &dm) {
@@ -180,7 +179,7 @@ impl CheckpointFs {
             // Deliberate: see doc/SEMANTICS.md.
             NodeKind::Archive | NodeKind::Staged { .. } => return Err(FsError::NotLinkable),
         }
-        if namespace::is_staging_name(newname) {
+        if self.stages(newname) {
             return Err(FsError::NotLinkable);
         }
         if self.resolve(&np, newname).is_ok() {

@@ -30,6 +30,7 @@
 //! file is never truncated under the compressor's map.
 
 mod adopt;
+mod backing;
 mod commit;
 mod create;
 mod delta_commit;

@@ -9,7 +9,6 @@
 use crate::fs::beneath::Beneath;
 use crate::fs::handles::{Handle, PlainHandle};
 use crate::fs::inode::{Inode, NodeKind};
-use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
 use crate::fs::spool::Spool;
 use crate::fs::sys::check;
@@ -57,7 +56,7 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                if m.is_file() && namespace::is_staging_name(&inode.loc().name) && writes(flags) {
+                if m.is_file() && self.stages(&inode.loc().name) && writes(flags) {
                     let id = self.stage_plain(spool, &inode)?;
                     return self.open_staged(spool, &inode, id, flags);
                 }

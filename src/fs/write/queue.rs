@@ -13,12 +13,19 @@
 //! when both are ready, stop wins. Once stopped it returns before the next
 //! file, and the caller compresses what is left on its own thread
 //! (`requeue_all`, then `run_writeback`), so nothing queued is dropped.
+//!
+//! A commit that failed to upload (a store with a sink) is queued again
+//! after [`RETRY_AFTER`] while the thread runs.
 
 use crate::fs::CheckpointFs;
 use crossbeam_channel::{select_biased, Receiver, Sender};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::path::Path;
+use std::time::Duration;
+
+/// How long a failed upload waits before it is tried again.
+pub(in crate::fs) const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// Spool ids of staged files waiting to be compressed.
 pub(in crate::fs) struct WritebackQueue {
@@ -29,6 +36,8 @@ pub(in crate::fs) struct WritebackQueue {
     /// Never carries a message: dropped (closing the channel) to stop.
     stop_send: Mutex<Option<Sender<()>>>,
     stop_recv: Receiver<()>,
+    /// Ids whose commit failed, queued again after `RETRY_AFTER`.
+    retry: Mutex<HashSet<u64>>,
 }
 
 impl WritebackQueue {
@@ -41,6 +50,7 @@ impl WritebackQueue {
             waiting: Mutex::new(HashSet::new()),
             stop_send: Mutex::new(Some(stop_send)),
             stop_recv,
+            retry: Mutex::new(HashSet::new()),
         }
     }
 
@@ -57,11 +67,30 @@ impl WritebackQueue {
         id
     }
 
+    /// Queues `id` again after `RETRY_AFTER` (while `next` is waited on).
+    pub(in crate::fs) fn retry_later(&self, id: u64) {
+        self.retry.lock().insert(id);
+    }
+
     /// The next id, waiting until one is queued; None once stopped.
     fn next(&self) -> Option<u64> {
-        select_biased! {
-            recv(self.stop_recv) -> _ => None,
-            recv(self.recv) -> id => id.ok().map(|id| self.received(id)),
+        loop {
+            if self.retry.lock().is_empty() {
+                return select_biased! {
+                    recv(self.stop_recv) -> _ => None,
+                    recv(self.recv) -> id => id.ok().map(|id| self.received(id)),
+                };
+            }
+            select_biased! {
+                recv(self.stop_recv) -> _ => return None,
+                recv(self.recv) -> id => return id.ok().map(|id| self.received(id)),
+                default(RETRY_AFTER) => {
+                    let ids: Vec<u64> = self.retry.lock().drain().collect();
+                    for id in ids {
+                        self.push(id);
+                    }
+                }
+            }
         }
     }
 

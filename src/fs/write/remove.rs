@@ -5,20 +5,12 @@
 //! files is not empty. A removed file that deltas depend on has them
 //! rewritten standalone first (`relations`).
 
-use crate::fs::beneath::Beneath;
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
 use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
-
-fn remove_if_exists(store: &Beneath, rel: &Path) -> Result<()> {
-    match store.unlink(rel) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FsError::Io(e)),
-        _ => Ok(()),
-    }
-}
 
 impl CheckpointFs {
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
@@ -32,7 +24,7 @@ impl CheckpointFs {
             }
             NodeKind::Plain => {
                 self.release_if_base(&rel.join(&backing))?;
-                self.store.unlink(&rel.join(&backing))?;
+                self.unlink_backing(&rel.join(&backing))?;
             }
             NodeKind::Archive | NodeKind::Staged { .. } => {
                 self.clear_name(&rel, name, None, None)?;
@@ -100,9 +92,21 @@ impl CheckpointFs {
                     if m.is_file() {
                         self.release_base(&p)?;
                     }
-                    remove_if_exists(&self.store, &p)?
+                    match self.unlink_backing(&p) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                            return Err(FsError::Io(e))
+                        }
+                        _ => {}
+                    }
                 }
-                _ => {}
+                Ok(_) => {}
+                // An object whose local file was staged (overwritten)
+                // goes with the name.
+                Err(_) => {
+                    if let Some(s) = &self.sink {
+                        s.remove(&p)?;
+                    }
+                }
             }
         }
         Ok(())

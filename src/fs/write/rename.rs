@@ -114,6 +114,7 @@ impl CheckpointFs {
         let moved_out = (|| -> Result<(OsString, NodeKind, _)> {
             Ok(match kind {
                 NodeKind::Directory => {
+                    self.check_dir_rename()?;
                     self.store
                         .rename(&rel.join(&backing), &nrel.join(newname))?;
                     spool.move_dir(&rel.join(name), &nrel.join(newname))?;
@@ -139,7 +140,7 @@ impl CheckpointFs {
                         }
                         _ => None,
                     };
-                    if let Err(e) = self.store.rename(&rel.join(&backing), &nrel.join(&b)) {
+                    if let Err(e) = self.rename_backing(&rel.join(&backing), &nrel.join(&b)) {
                         if let Some((d, mode)) = emptied {
                             let _ = self.store.mkdir(&d, mode);
                         }
@@ -156,7 +157,7 @@ impl CheckpointFs {
                     self.store.may_write_dir(&rel)?;
                     self.store.may_write_dir(&nrel)?;
                     let id = spool.adopt(&nrel.join(newname), |d| {
-                        self.store.rename_out(&rel.join(&backing), d)
+                        self.take_backing(&rel.join(&backing), d, false)
                     })?;
                     self.clear_name(&nrel, newname, None, Some(id))?;
                     remove_replaced(spool, replaced_staged, id)?;
@@ -166,8 +167,7 @@ impl CheckpointFs {
                     (newname.to_os_string(), NodeKind::Staged { id }, identity)
                 }
                 NodeKind::Plain => {
-                    self.store
-                        .rename(&rel.join(&backing), &nrel.join(newname))?;
+                    self.rename_backing(&rel.join(&backing), &nrel.join(newname))?;
                     self.clear_name(&nrel, newname, Some(newname), None)?;
                     (newname.to_os_string(), kind, identity)
                 }
@@ -185,7 +185,7 @@ impl CheckpointFs {
                 // any other name `N` it is `N.zsame` (and back).
                 NodeKind::Archive => {
                     let z = self.renamed_archive(&nrel, newname, &backing);
-                    self.store.rename(&rel.join(&backing), &nrel.join(&z))?;
+                    self.rename_backing(&rel.join(&backing), &nrel.join(&z))?;
                     self.clear_name(&nrel, newname, Some(&z), None)?;
                     (z, kind, identity)
                 }

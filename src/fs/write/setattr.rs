@@ -5,7 +5,6 @@
 
 use crate::fs::handles::{Handle, PlainHandle};
 use crate::fs::inode::NodeKind;
-use crate::fs::namespace;
 use crate::fs::resolve::not_found_is;
 use crate::fs::sys::timespec;
 use crate::fs::{Attr, CheckpointFs, FsError, Result, SetAttr};
@@ -34,9 +33,7 @@ impl CheckpointFs {
             let kind = inode.kind();
             match kind {
                 NodeKind::Directory => return Err(FsError::IsADirectory),
-                NodeKind::Plain
-                    if namespace::is_staging_name(&inode.loc().name) && handle_file.is_none() =>
-                {
+                NodeKind::Plain if self.stages(&inode.loc().name) && handle_file.is_none() => {
                     let rel = self.rel(&inode)?;
                     if self.store.lstat(&rel).is_ok_and(|m| m.is_file()) {
                         let id = self.stage_plain(spool, &inode)?;

@@ -34,7 +34,7 @@ impl CheckpointFs {
             return Err(FsError::Stale);
         }
         self.store.may_write_dir(rel.parent().unwrap_or(&rel))?;
-        let id = spool.adopt(&target, |d| self.store.rename_out(&rel, d))?;
+        let id = spool.adopt(&target, |d| self.take_backing(&rel, d, target == rel))?;
         spool.set_ino(id, inode.ino);
         let identity = spool.entry(id).ok_or(FsError::Stale)?.identity;
         inode.rebase(l.name.clone(), NodeKind::Staged { id }, identity);

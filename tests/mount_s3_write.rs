@@ -1,0 +1,313 @@
+//! Writes into `ckptfs mount s3://BUCKET/PREFIX MNT` (without
+//! `--read-only`) against moto's server on 127.0.0.1
+//! (`tests/s3_server.py`): a `save_file` ends as `X.zstn` in the bucket
+//! that `ckptfs unpack` and z4ai decode identically, plain files are
+//! uploaded on close, renames and unlinks reach the bucket, a crash before
+//! the upload loses nothing, one writer and two read-only daemons agree,
+//! and a second writer is refused. Real mounts: root and /dev/fuse.
+
+mod common;
+
+use common::s3::S3Server;
+use common::{bin, spool_entries, venv_python, Mount};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn client(args: &[&str]) -> Output {
+    Command::new(venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mount_write_client.py"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn args(server: &S3Server, cache: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "--endpoint-url".into(),
+        server.endpoint(),
+        "--cache-dir".into(),
+        cache.display().to_string(),
+        "--request-timeout".into(),
+        "1".into(),
+        "--metadata-ttl".into(),
+        "1".into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn mount(server: &S3Server, url: &str, cache: &Path, extra: &[&str]) -> Mount {
+    let a = args(server, cache, extra);
+    let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    Mount::of_store_arg(|_| {}, url, &a)
+}
+
+/// Polls `cond` every 50 ms for up to `secs` (a deadline against hangs,
+/// not a timing assertion).
+fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not after {secs} s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn keys(server: &S3Server, bucket: &str) -> Vec<String> {
+    server
+        .list(bucket, "models/")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
+fn has(server: &S3Server, bucket: &str, key: &str) -> bool {
+    keys(server, bucket).iter().any(|k| k == key)
+}
+
+/// A bucket with one object under `models/`.
+fn bucket(server: &S3Server, name: &str, dir: &Path) {
+    let readme = dir.join("README.md");
+    std::fs::write(&readme, b"a store\n").unwrap();
+    server.put(name, &[("models/README.md".into(), readme.as_path())]);
+}
+
+fn spool_of(cache: &Path) -> Vec<String> {
+    spool_entries(&cache.join("mirror"))
+}
+
+#[test]
+fn save_file_ends_as_zstn_in_the_bucket_and_plain_files_are_uploaded() {
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    bucket(&server, "wbucket", tmp.path());
+    let cache = tmp.path().join("cache");
+    let m = mount(&server, "s3://wbucket/models", &cache, &[]);
+    let model = m.path("model.safetensors");
+    let model_s = model.to_str().unwrap();
+    ok(client(&["save", model_s, "7", "65536"]));
+    std::fs::write(m.path("notes.txt"), b"plain bytes\n").unwrap();
+    std::fs::create_dir(m.path("sub")).unwrap();
+    std::fs::write(m.path("sub/a.txt"), b"in a directory\n").unwrap();
+    wait_for(30, "uploads", || {
+        spool_of(&cache).is_empty()
+            && has(&server, "wbucket", "models/model.zstn")
+            && has(&server, "wbucket", "models/notes.txt")
+            && has(&server, "wbucket", "models/sub/a.txt")
+    });
+    assert!(!has(&server, "wbucket", "models/model.safetensors"));
+    // This daemon shows the committed file at once, by its name.
+    let mut names: Vec<String> = std::fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["README.md", "model.safetensors", "notes.txt", "sub"],
+        "{}",
+        m.log_text()
+    );
+    ok(client(&["expect", model_s, "7", "65536"]));
+    let served = std::fs::read(&model).unwrap();
+
+    // The object decodes identically with `ckptfs unpack` and with z4ai.
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    server.get("wbucket", "models/model.zstn", &out.join("model.zstn"));
+    let unpacked = out.join("unpacked.safetensors");
+    let o = Command::new(bin())
+        .args(["unpack", "s3://wbucket/models/model.zstn", "-o"])
+        .arg(&unpacked)
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .output()
+        .unwrap();
+    ok(o);
+    assert!(std::fs::read(&unpacked).unwrap() == served);
+    std::fs::write(out.join("model.safetensors"), &served).unwrap();
+    common::run_test_script("z4ai_decode.py", &[out.to_str().unwrap()]);
+    let notes = out.join("notes.txt");
+    server.get("wbucket", "models/notes.txt", &notes);
+    assert_eq!(std::fs::read(&notes).unwrap(), b"plain bytes\n");
+
+    // Rename: a copy then a delete of the object; unlink: a delete.
+    std::fs::rename(m.path("notes.txt"), m.path("renamed.txt")).unwrap();
+    assert!(has(&server, "wbucket", "models/renamed.txt"));
+    assert!(!has(&server, "wbucket", "models/notes.txt"));
+    assert_eq!(
+        std::fs::read(m.path("renamed.txt")).unwrap(),
+        b"plain bytes\n"
+    );
+    std::fs::rename(&model, m.path("moved.safetensors")).unwrap();
+    assert!(has(&server, "wbucket", "models/moved.zstn"));
+    assert!(!has(&server, "wbucket", "models/model.zstn"));
+    ok(client(&[
+        "expect",
+        m.path("moved.safetensors").to_str().unwrap(),
+        "7",
+        "65536",
+    ]));
+    std::fs::remove_file(m.path("moved.safetensors")).unwrap();
+    std::fs::remove_file(m.path("sub/a.txt")).unwrap();
+    assert_eq!(
+        keys(&server, "wbucket"),
+        [
+            "models/.ckptfs-writer.lock",
+            "models/README.md",
+            "models/renamed.txt"
+        ]
+    );
+    // Overwriting a plain object in place.
+    std::fs::write(m.path("README.md"), b"rewritten\n").unwrap();
+    wait_for(30, "rewrite uploaded", || {
+        spool_of(&cache).is_empty()
+            && server
+                .list("wbucket", "models/README.md")
+                .first()
+                .is_some_and(|(_, n)| *n == 10)
+    });
+    // Unlinking an overwritten file that is still staged removes the old
+    // object too.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("renamed.txt"))
+            .unwrap();
+        f.write_all(b"more\n").unwrap();
+        std::fs::remove_file(m.path("renamed.txt")).unwrap();
+    }
+    wait_for(30, "staged copy dropped", || spool_of(&cache).is_empty());
+    assert!(!has(&server, "wbucket", "models/renamed.txt"));
+    // Directory renames would copy every object: EXDEV (mv copies).
+    let e = std::fs::rename(m.path("sub"), m.path("sub2")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV));
+}
+
+#[test]
+fn a_crash_before_the_upload_loses_nothing() {
+    let mut server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    bucket(&server, "crash", tmp.path());
+    let cache = tmp.path().join("cache");
+    let mut m = mount(&server, "s3://crash/models", &cache, &[]);
+    // The network goes: the upload fails (and is retried).
+    server.stop_proxy();
+    let model = m.path("model.safetensors");
+    ok(client(&["save", model.to_str().unwrap(), "11", "65536"]));
+    std::fs::write(m.path("plain.bin"), vec![5u8; 3000]).unwrap();
+    wait_for(60, "a failed upload", || {
+        m.log_text().contains("upload failed")
+    });
+    // Served from the staged copy meanwhile.
+    ok(client(&["expect", model.to_str().unwrap(), "11", "65536"]));
+    assert!(!spool_of(&cache).is_empty());
+    m.kill9();
+    server.start_proxy();
+    assert!(!has(&server, "crash", "models/model.zstn"));
+    // The next mount with the same cache directory takes the writer lock
+    // it left and uploads what it staged.
+    let a = args(&server, &cache, &[]);
+    let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    m.remount(&a);
+    wait_for(60, "recovered uploads", || {
+        spool_of(&cache).is_empty()
+            && has(&server, "crash", "models/model.zstn")
+            && has(&server, "crash", "models/plain.bin")
+    });
+    ok(client(&["expect", model.to_str().unwrap(), "11", "65536"]));
+    assert_eq!(std::fs::read(m.path("plain.bin")).unwrap(), vec![5u8; 3000]);
+    let got = tmp.path().join("got.zstn");
+    server.get("crash", "models/model.zstn", &got);
+    let o = Command::new(bin())
+        .arg("verify")
+        .arg(&got)
+        .output()
+        .unwrap();
+    ok(o);
+}
+
+fn expect_soon(m: &Mount, seed: u32) {
+    let p = m.path("model.safetensors");
+    let p = p.to_str().unwrap().to_string();
+    let s = seed.to_string();
+    wait_for(30, &format!("{p} at version {seed}"), || {
+        client(&["expect", &p, &s, "65536"]).status.success()
+    });
+}
+
+#[test]
+fn one_writer_two_readers_and_a_second_writer_is_refused() {
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    bucket(&server, "shared", tmp.path());
+    let url = "s3://shared/models";
+    let wcache = tmp.path().join("w");
+    let mut w = mount(&server, url, &wcache, &[]);
+    let r1 = mount(&server, url, &tmp.path().join("r1"), &["--read-only"]);
+    let r2 = mount(&server, url, &tmp.path().join("r2"), &["--read-only"]);
+
+    // A second writable daemon (its own cache directory) is refused.
+    let mnt2 = tmp.path().join("mnt2");
+    std::fs::create_dir(&mnt2).unwrap();
+    let o = Command::new(bin())
+        .arg("mount")
+        .arg(url)
+        .arg(&mnt2)
+        .arg("--foreground")
+        .args(args(&server, &tmp.path().join("w2"), &[]))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("s3://shared/models") && e.contains("in use by a writable ckptfs daemon"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+
+    // Every commit reaches both readers, exact.
+    let model = w.path("model.safetensors");
+    for seed in 1..=3 {
+        ok(client(&[
+            "save",
+            model.to_str().unwrap(),
+            &seed.to_string(),
+            "65536",
+        ]));
+        expect_soon(&r1, seed);
+        expect_soon(&r2, seed);
+    }
+
+    // The writer dies while committing version 4: readers go on reading
+    // a whole version (3 or 4), never a torn one.
+    ok(client(&["save", model.to_str().unwrap(), "4", "65536"]));
+    w.kill9();
+    for r in [&r1, &r2] {
+        let p = r.path("model.safetensors");
+        let p = p.to_str().unwrap();
+        let v3 = client(&["expect", p, "3", "65536"]).status.success();
+        let v4 = client(&["expect", p, "4", "65536"]).status.success();
+        assert!(v3 || v4, "neither version 3 nor 4 read whole");
+    }
+    // The writer comes back with its cache directory: version 4 is
+    // committed and the readers see it.
+    let a = args(&server, &wcache, &[]);
+    let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    w.remount(&a);
+    expect_soon(&r1, 4);
+    expect_soon(&r2, 4);
+    // At a clean unmount the lock goes with the writer.
+    w.unmount();
+    assert!(!has(&server, "shared", "models/.ckptfs-writer.lock"));
+}
