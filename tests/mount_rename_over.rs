@@ -169,6 +169,18 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
     }
     // The last version renamed is what the name shows.
     m.wait_committed(60);
+    // Every version written is valid safetensors: a commit that finds
+    // otherwise staged some other bytes (an archive's, once) under the name.
+    let log = m.log_text();
+    assert!(
+        !log.contains("not a valid safetensors file"),
+        "a staged version held bytes that were not written to it:\n{}",
+        log.lines()
+            .filter(|l| l.contains("WARN"))
+            .take(5)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let got = std::fs::read(&target).unwrap();
     assert_eq!(
         got,

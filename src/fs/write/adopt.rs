@@ -60,6 +60,8 @@ impl CheckpointFs {
                 );
                 self.handle_closed(identity);
             }
+            // Renamed or replaced since it was checked: nothing to adopt.
+            Err(crate::fs::FsError::Stale) => {}
             Err(e) => log::warn!(
                 "{}: safetensors content but not staged ({e}); kept as a plain file",
                 self.store.path().join(&rel).display()

@@ -22,8 +22,13 @@ impl CheckpointFs {
     /// or a plain file of another name with safetensors content (`adopt`).
     pub(super) fn stage_plain(&self, spool: &Spool, inode: &Inode) -> Result<u64> {
         let _g = self.ns.lock();
-        if let NodeKind::Staged { id } = inode.kind() {
-            return Ok(id);
+        match inode.kind() {
+            NodeKind::Staged { id } => return Ok(id),
+            NodeKind::Plain => {}
+            // Changed since the caller looked without `ns` (renamed into
+            // the spool and committed, say): its backing is now an archive,
+            // whose bytes must never become a staged file's content.
+            _ => return Err(FsError::Stale),
         }
         let l = inode.loc();
         let parent = self.inode(l.parent)?;
