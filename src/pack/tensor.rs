@@ -89,9 +89,10 @@ fn block_elems(elem_bytes: usize) -> usize {
     (BLOCK_BYTES as usize / elem_bytes).max(8)
 }
 
-/// Entropy-codes a plane with `k` rANS chunks, or stores it if that is not
+/// Entropy-codes a plane with `k` rANS chunks, runs of `group` chunks
+/// sharing one table (1: a table per chunk), or stores it if that is not
 /// smaller.
-fn encode_plane(data: &[u8], k: usize) -> PlaneOut {
+fn encode_plane(data: &[u8], k: usize, group: usize) -> PlaneOut {
     let stored = || PlaneOut {
         method: plane::STORE,
         orig_len: data.len() as u64,
@@ -104,7 +105,11 @@ fn encode_plane(data: &[u8], k: usize) -> PlaneOut {
     if estimate_o0_bytes(data) >= data.len() as f64 * 0.995 {
         return stored();
     }
-    let payload = rans::encode_method4(data, k);
+    let payload = if group > 1 {
+        rans::encode_method4_shared(data, k, group)
+    } else {
+        rans::encode_method4(data, k)
+    };
     if payload.len() >= data.len() {
         return stored();
     }
@@ -166,7 +171,7 @@ fn dividing_chunks(n: usize, max: usize) -> Option<usize> {
 
 /// bf16 as a bit-field frame: the sign bits stored, the exponent byte
 /// entropy-coded with rANS (where the ratio comes from), the 7-bit mantissa
-/// in zstd blocks (Huffman gets it to ~7 bits and decodes fast). rANS chunks
+/// as [`mantissa_plane`] chooses (uniform rANS for trained weights). rANS chunks
 /// and zstd blocks share their boundaries only when the chunk count divides
 /// the element count; otherwise a byte-plane frame (about 1% larger) keeps
 /// random access exact.
@@ -192,10 +197,48 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
         payload: sign,
     };
     let (x, m) = rayon::join(
-        || encode_plane(&exp, rans_chunks(n, k)),
-        || zstd_blocks_or_stored(&mant, n.div_ceil(k).max(1)),
+        || encode_plane(&exp, rans_chunks(n, k), rans_chunks(n, k) / k),
+        || mantissa_plane(&mant, 7, rans_chunks(n, k), n.div_ceil(k).max(1)),
     );
     render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
+}
+
+/// A plane of `bits`-bit mantissa values. Trained weights' mantissas are
+/// near-uniform (bf16: about 6.97 bits of entropy in 7), so zstd's Huffman
+/// gets them to ~7.0 bits and no further; the uniform rANS table codes them
+/// in exactly `bits` bits, and its decoder needs no table lookup (several
+/// times faster than Huffman). It is used when the order-0 entropy is
+/// within 1% of `bits` bits, in `chunks` chunks (the exponent plane's, so
+/// both planes offer the same block boundaries); skewed or repetitive
+/// mantissas (quantised, pruned or synthetic tensors) go to zstd blocks of
+/// `zstd_block` bytes, or are stored. Planes of at most 64 KiB keep
+/// whichever of the two is smaller.
+fn mantissa_plane(mant: &[u8], bits: u32, chunks: usize, zstd_block: usize) -> PlaneOut {
+    let uniform = !mant.is_empty()
+        && estimate_o0_bytes(mant) >= mant.len() as f64 * f64::from(bits) / 8.0 * 0.99;
+    let z = || zstd_blocks_or_stored(mant, zstd_block);
+    if !uniform {
+        return z();
+    }
+    let payload = rans::encode_method4_uniform(mant, chunks, bits);
+    let r = PlaneOut {
+        method: plane::RANS_ADAPT,
+        orig_len: mant.len() as u64,
+        payload,
+    };
+    // Tiny planes also try zstd: rANS's fixed costs (16 seed bytes a chunk,
+    // the table blob) are a visible share there, and speed matters little.
+    if mant.len() <= 64 << 10 {
+        let z = z();
+        if z.payload.len() < r.payload.len() {
+            return z;
+        }
+    }
+    if r.payload.len() < mant.len() {
+        r
+    } else {
+        z()
+    }
 }
 
 /// f32 as a bit-field frame: the exponent byte whole in one rANS plane
@@ -227,7 +270,7 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
     drop(parts);
     let block = n / k;
     let (x, m) = rayon::join(
-        || encode_plane(&exp, rans_chunks(n, k)),
+        || encode_plane(&exp, rans_chunks(n, k), rans_chunks(n, k) / k),
         || zstd_blocks_or_stored(&mant, block.max(1)),
     );
     let sign_plane = PlaneOut {
@@ -269,7 +312,7 @@ fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
         });
     }
     let k = chunks_for(n, w);
-    let outs: Vec<PlaneOut> = planes.par_iter().map(|p| encode_plane(p, k)).collect();
+    let outs: Vec<PlaneOut> = planes.par_iter().map(|p| encode_plane(p, k, 1)).collect();
     render_z4ai(Transform::BytePlane(w as u8), tail, &outs)
 }
 
@@ -373,4 +416,95 @@ pub(super) fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Opt
         }
     }
     refs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::rans::{uniform_bits, AdaptivePayload};
+    use crate::format::frame::Frame;
+
+    /// bf16 N(0, 0.02) weights, `n` elements (deterministic).
+    fn weights(n: usize) -> Vec<u8> {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut unit = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        (0..n)
+            .flat_map(|_| {
+                // Box-Muller
+                let g = (-2.0 * unit().ln()).sqrt() * (std::f64::consts::TAU * unit()).cos();
+                let b = ((g * 0.02) as f32).to_bits();
+                (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16).to_le_bytes()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bf16_weights_get_a_uniform_mantissa_and_one_exponent_table_per_block() {
+        let raw = weights(3 << 20); // 6 blocks of 512 Ki elements
+        let frame = encode_tensor(Some(Dtype::BF16), &raw, PackOptions::default());
+        let Frame::Z4ai(f) = Frame::parse(&frame).unwrap() else {
+            panic!("not a Z4AI frame");
+        };
+        assert_eq!(f.planes.len(), 3);
+        let (exp, mant) = (&f.planes[1], &f.planes[2]);
+        assert_eq!(
+            (exp.method, mant.method),
+            (plane::RANS_ADAPT, plane::RANS_ADAPT)
+        );
+        let e = AdaptivePayload::parse(exp.payload).unwrap();
+        let m = AdaptivePayload::parse(mant.payload).unwrap();
+        assert_eq!(
+            e.chunks(),
+            m.chunks(),
+            "both planes cut at the same elements"
+        );
+        let (et, mt) = (e.freq_tables().unwrap(), m.freq_tables().unwrap());
+        assert!(mt.iter().all(|t| uniform_bits(t) == Some(7)));
+        let per_block = e.chunks() / 6;
+        assert!(per_block > 1);
+        for blk in et.chunks(per_block) {
+            assert!(blk.iter().all(|t| t == &blk[0]), "one table per block");
+        }
+        // Exactly 7 bits a mantissa, plus the chunks' seeds and tables.
+        let n = raw.len() / 2;
+        assert!(mant.payload.len() <= n * 7 / 8 + 24 * m.chunks() + 1024);
+        let mut out = vec![0u8; raw.len()];
+        Frame::parse(&frame).unwrap().decode(&mut out).unwrap();
+        assert_eq!(out, raw);
+    }
+
+    #[test]
+    fn only_near_uniform_mantissas_get_the_uniform_table() {
+        let mut x = 1u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let n = 1 << 20;
+        let uniform: Vec<u8> = (0..n).map(|_| (next() % 128) as u8).collect();
+        // Quantised-looking: mostly 4 values (about 2.5 bits of entropy).
+        let skewed: Vec<u8> = (0..n)
+            .map(|_| match next() % 16 {
+                0..=9 => 0,
+                10..=12 => 32,
+                13 | 14 => 64,
+                _ => (next() % 128) as u8,
+            })
+            .collect();
+        let u = mantissa_plane(&uniform, 7, 32, n / 2);
+        assert_eq!(u.method, plane::RANS_ADAPT);
+        let mut out = vec![0u8; n];
+        rans::decode_method4(&u.payload, &mut out).unwrap();
+        assert_eq!(out, uniform);
+        let k = mantissa_plane(&skewed, 7, 32, n / 2);
+        assert_eq!(k.method, plane::ZSTD_BLOCKS);
+        assert!(k.payload.len() < n / 2);
+    }
 }

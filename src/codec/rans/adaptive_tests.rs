@@ -119,6 +119,12 @@ fn check_decode_chunks(p: &[u8]) -> std::result::Result<(), TestCaseError> {
     Ok(())
 }
 
+fn uniform_table(bits: u32) -> FreqTable {
+    let mut t = [0u16; 256];
+    t[..1 << bits].fill(1 << (14 - bits));
+    t
+}
+
 fn random_table(r: &mut Rng) -> FreqTable {
     let mut h = [0u64; 256];
     match r.next() % 4 {
@@ -228,8 +234,11 @@ proptest! {
         let tables: Vec<FreqTable> = (0..k)
             .map(|_| {
                 let t = random_table(&mut r);
-                // Half the cases: coarse tables (the one-gather SIMD path).
-                if seed % 2 == 0 {
+                // A third of the cases: coarse tables (the one-gather SIMD
+                // path); a third: uniform tables (no table gather).
+                if seed % 3 == 2 {
+                    uniform_table(1 + (seed / 3 % 8) as u32)
+                } else if seed % 3 == 0 {
                     let h: [u64; 256] = std::array::from_fn(|i| u64::from(t[i]));
                     let mut c = crate::codec::rans::normalize_freqs_to(&h, 4096);
                     c.iter_mut().for_each(|f| *f *= 4);
@@ -276,6 +285,24 @@ proptest! {
             Ok(w) => { prop_assert!(got.is_ok()); prop_assert_eq!(out, w); }
             Err(_) => prop_assert!(got.is_err()),
         }
+    }
+
+    #[test]
+    fn uniform_tables_round_trip_and_match_scalar(seed in any::<u64>(), bits in 1u32..=8, n in 0usize..60_000, k in prop_oneof![1usize..20, 1usize..100]) {
+        let mut r = Rng(seed);
+        let d: Vec<u8> = (0..n).map(|_| (r.next() % (1 << bits)) as u8).collect();
+        let p = encode_method4_uniform(&d, k, bits);
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        prop_assert!(ap.freq_tables().unwrap().iter().all(|t| crate::codec::rans::uniform_bits(t) == Some(bits)));
+        // exactly `bits` bits a symbol, plus 16 seed bytes a chunk at most
+        let body: usize = (0..ap.chunks()).map(|j| ap.chunk_payload(j).len()).sum();
+        prop_assert!(body <= (n * bits as usize).div_ceil(8) + 16 * ap.chunks() + 4, "{body}");
+        if !d.is_empty() {
+            check_decode_chunks(&p)?;
+        }
+        let mut out = vec![0u8; n];
+        decode_method4(&p, &mut out).unwrap();
+        prop_assert_eq!(out, d);
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! Invariants: used only after a runtime CPU-feature check; a group that
 //! does not suit (short chunks, bad seeds, huge streams) is refused before
 //! anything is written and goes to the scalar decoder, which also finishes
-//! every chunk's tail, so output and errors equal the scalar decoder's.
+//! every chunk's tail and decodes again, from its start, any chunk whose
+//! lane read past its own stream (only a damaged stream does; the vector
+//! reads stay inside the plane), so output and errors equal the scalar
+//! decoder's.
 
 use super::order0::{decode_from, read_seeds};
 use super::{chunk_range, AdaptivePayload, DecodeTable, DecodeTables};
@@ -64,6 +67,16 @@ pub(super) fn try_decode_group<const NV: usize>(
     let mut end = [[0i32; 16]; NV];
     let mut outoff = [[0usize; 16]; NV];
     let mut lens = [[0usize; 16]; NV];
+    let mut seeds = [[[0u32; 4]; 16]; NV];
+    // Each chunk's built table (chunks that repeat the previous chunk's
+    // table share it, so a block's lanes can all read one L1-resident
+    // table), as indices into `tables.t`.
+    let Some(owners) = tables
+        .owner
+        .get(js.start - tables.first..js.end - tables.first)
+    else {
+        return false;
+    };
     for c in 0..lanes {
         let (v, i) = (c / 16, c % 16);
         // Inactive lanes repeat the last chunk; their output is dropped.
@@ -75,77 +88,126 @@ pub(super) fn try_decode_group<const NV: usize>(
         if lens[v][i] < MIN_LEN {
             return false;
         }
-        let Ok(seeds) = read_seeds(p.chunk_payload(j), lens[v][i]) else {
+        let Ok(sd) = read_seeds(p.chunk_payload(j), lens[v][i]) else {
             return false;
         };
+        seeds[v][i] = sd;
         let e = p.starts[j + 1] - base;
         if e > (i32::MAX / 2) as usize {
             return false;
         }
         st.pos[v][i] = (p.starts[j] - base + 16) as i32;
         end[v][i] = e as i32;
-        for (xl, &seed) in st.x[v].iter_mut().zip(&seeds) {
+        for (xl, &seed) in st.x[v].iter_mut().zip(&sd) {
             xl[i] = seed;
         }
-        st.symoff[v][i] = (cc * STRIDE) as i32;
+        // Owners never decrease: offsets from the group's first table are
+        // below 16 * NV tables.
+        st.symoff[v][i] = ((owners[cc] - owners[0]) * STRIDE) as i32;
     }
-    let Some(tab) = tables.t.get(js.start - tables.first..js.end - tables.first) else {
-        return false;
-    };
     let quads = lens.iter().flatten().min().unwrap() / 4;
-    // One gather per symbol when every table of the group is coarse.
-    let packed = tab.iter().all(DecodeTable::is_coarse);
-    let streams = &p.body[base..p.starts[js.end]];
+    // No table gather when every table of the group is the same uniform
+    // one; one gather per symbol when every table is coarse; else two.
+    let tab = |c: usize| &tables.t[owners[c]];
+    let ub = tab(0).uniform_bits;
+    let mode = if ub != 0 && (0..g).all(|c| tab(c).uniform_bits == ub) {
+        Mode::Uniform(ub)
+    } else if (0..g).all(|c| tab(c).is_coarse()) {
+        Mode::Packed
+    } else {
+        Mode::Tables
+    };
+    // Lanes read up to the end of the plane's streams, not their own: a
+    // chunk that compresses to a few bytes (sparse XOR planes) would
+    // otherwise send its whole group to the scalar decoder. A valid stream
+    // never reads past its end; a lane that did (a damaged or truncated
+    // stream, where the format reads zeros instead) is decoded again by
+    // the scalar decoder below.
+    let lim = (p.body.len() - base).min((i32::MAX / 2) as usize);
+    let streams = &p.body[base..base + lim];
     let mut stage = [[[0u32; 16]; NV]; BLOCK];
     let mut q = 0;
     while q < quads {
         // Step l of a round reads 4 bytes at pos + (at most 2l), a round
         // advances pos by at most 8: b rounds read below pos + 8b + 2.
         let safe = (0..lanes)
-            .map(|c| ((end[c / 16][c % 16] - st.pos[c / 16][c % 16] - 2).max(0) / 8) as usize)
+            .map(|c| ((lim as i32 - st.pos[c / 16][c % 16] - 2).max(0) / 8) as usize)
             .min()
             .unwrap();
         let b = safe.min(quads - q).min(BLOCK);
         if b == 0 {
             break;
         }
-        // SAFETY: `available()` checked the CPU features. Gathers read
-        // (packed) 4 bytes at tab[c].packed[slot / 4], inside tab[c]; or
-        // (1) 4 bytes at tab[c].sym[slot], slot < 16384, inside tab[c]
-        // (STRIDE >= 16384 + 4, repr(C)), c < g; (2) tab[c].fc[s], s < 256;
-        // (3) 4 bytes at streams[pos[c]..], below end[c] <= streams.len()
-        // by the bound on b above.
+        // SAFETY: `available()` checked the CPU features. Lane c's table
+        // is T = tables.t[owners[c]] (symoff = (owners[c] - owners[0]) *
+        // STRIDE from tables.t[owners[0]]). Gathers read (uniform) no table; (packed) 4
+        // bytes at T.packed[slot / 4], inside T; or (1) 4 bytes at
+        // T.sym[slot], slot < 16384, inside T (STRIDE >= 16384 + 4,
+        // repr(C)); (2) T.fc[s], s < 256; and (3) 4 bytes at
+        // streams[pos[c]..], below end[c] <= streams.len() by the bound on
+        // b above.
         unsafe {
-            if packed {
-                kernel::<NV, true>(
-                    tab.as_ptr().cast(),
+            match mode {
+                Mode::Uniform(bits) => kernel::<NV, UNIFORM>(
+                    tables.t[owners[0]..].as_ptr().cast(),
                     streams.as_ptr(),
                     &mut st,
                     b,
                     &mut stage,
-                );
-            } else {
-                kernel::<NV, false>(
-                    tab.as_ptr().cast(),
+                    bits,
+                ),
+                Mode::Packed => kernel::<NV, PACKED>(
+                    tables.t[owners[0]..].as_ptr().cast(),
                     streams.as_ptr(),
                     &mut st,
                     b,
                     &mut stage,
-                );
+                    0,
+                ),
+                Mode::Tables => kernel::<NV, TABLES>(
+                    tables.t[owners[0]..].as_ptr().cast(),
+                    streams.as_ptr(),
+                    &mut st,
+                    b,
+                    &mut stage,
+                    0,
+                ),
             }
         }
-        for c in 0..g {
-            let (v, i) = (c / 16, c % 16);
-            let o = &mut out[outoff[v][i] + 4 * q..][..4 * b];
-            for (d, w) in o.chunks_exact_mut(4).zip(&stage[..b]) {
-                d.copy_from_slice(&w[v][i].to_le_bytes());
+        if NV == 1 && b == BLOCK {
+            // A full round block of one vector: transpose it, each chunk's
+            // 64 symbols one store.
+            let rows: [[u32; 16]; BLOCK] = std::array::from_fn(|t| stage[t][0]);
+            let mut cols = [[0u32; 16]; 16];
+            // SAFETY: `available()` checked the CPU features; the function
+            // reads and writes only these two local arrays.
+            unsafe { transpose16(&rows, &mut cols) };
+            for (c, col) in cols.iter().enumerate().take(g) {
+                let o = &mut out[outoff[0][c] + 4 * q..][..4 * b];
+                for (d, w) in o.chunks_exact_mut(4).zip(col) {
+                    d.copy_from_slice(&w.to_le_bytes());
+                }
+            }
+        } else {
+            for c in 0..g {
+                let (v, i) = (c / 16, c % 16);
+                let o = &mut out[outoff[v][i] + 4 * q..][..4 * b];
+                for (d, w) in o.chunks_exact_mut(4).zip(&stage[..b]) {
+                    d.copy_from_slice(&w[v][i].to_le_bytes());
+                }
             }
         }
         q += b;
     }
-    for (c, t) in tab.iter().enumerate() {
-        let (v, i) = (c / 16, c % 16);
+    for c in 0..g {
+        let (t, (v, i)) = (tab(c), (c / 16, c % 16));
         let j = js.start + c;
+        if st.pos[v][i] > end[v][i] {
+            // Read past its own stream: start this chunk again, scalar.
+            let o = &mut out[outoff[v][i]..outoff[v][i] + lens[v][i]];
+            decode_from(t, p.chunk_payload(j), seeds[v][i], 16, o);
+            continue;
+        }
         let x = [st.x[v][0][i], st.x[v][1][i], st.x[v][2][i], st.x[v][3][i]];
         let pos = st.pos[v][i] as usize - (p.starts[j] - base);
         let o = &mut out[outoff[v][i] + 4 * q..outoff[v][i] + lens[v][i]];
@@ -154,10 +216,77 @@ pub(super) fn try_decode_group<const NV: usize>(
     true
 }
 
+/// `cols[c][t] = rows[t][c]` for a 16 x 16 matrix of u32: 32-bit and
+/// 64-bit interleaves within 128-bit lanes, then a 4 x 4 transpose of the
+/// lanes.
+///
+/// # Safety
+/// AVX-512F available.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(rows: &[[u32; 16]; 16], cols: &mut [[u32; 16]; 16]) {
+    // SAFETY: every load and store is of one whole 64-byte row of the two
+    // arrays.
+    unsafe {
+        let r: [__m512i; 16] = std::array::from_fn(|t| _mm512_loadu_si512(rows[t].as_ptr().cast()));
+        // a[2i], a[2i+1]: rows 2i and 2i+1 interleaved by dword.
+        let a: [__m512i; 16] = std::array::from_fn(|k| {
+            let (x, y) = (r[k & !1], r[k | 1]);
+            if k % 2 == 0 {
+                _mm512_unpacklo_epi32(x, y)
+            } else {
+                _mm512_unpackhi_epi32(x, y)
+            }
+        });
+        // b[4i+j], lane L: column 4L+j of rows 4i..4i+4.
+        let b: [__m512i; 16] = std::array::from_fn(|k| {
+            let (i, j) = (k / 4, k % 4);
+            let (x, y) = (a[4 * i + (j >> 1)], a[4 * i + 2 + (j >> 1)]);
+            if j % 2 == 0 {
+                _mm512_unpacklo_epi64(x, y)
+            } else {
+                _mm512_unpackhi_epi64(x, y)
+            }
+        });
+        for j in 0..4 {
+            let [b0, b1, b2, b3] = [b[j], b[4 + j], b[8 + j], b[12 + j]];
+            let c0 = _mm512_shuffle_i32x4::<0x44>(b0, b1);
+            let c1 = _mm512_shuffle_i32x4::<0xEE>(b0, b1);
+            let c2 = _mm512_shuffle_i32x4::<0x44>(b2, b3);
+            let c3 = _mm512_shuffle_i32x4::<0xEE>(b2, b3);
+            let out = [
+                _mm512_shuffle_i32x4::<0x88>(c0, c2),
+                _mm512_shuffle_i32x4::<0xDD>(c0, c2),
+                _mm512_shuffle_i32x4::<0x88>(c1, c3),
+                _mm512_shuffle_i32x4::<0xDD>(c1, c3),
+            ];
+            for (l, v) in out.into_iter().enumerate() {
+                _mm512_storeu_si512(cols[4 * l + j].as_mut_ptr().cast(), v);
+            }
+        }
+    }
+}
+
+/// How the kernel finds a slot's symbol, frequency and offset.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Every table of the group is uniform over `0..2^b`: arithmetic only.
+    Uniform(u32),
+    /// Every table is coarse: one gather of `packed[slot / 4]`.
+    Packed,
+    /// A gather of `sym[slot]`, then one of `fc[sym]`.
+    Tables,
+}
+const UNIFORM: u8 = 0;
+const PACKED: u8 = 1;
+const TABLES: u8 = 2;
+
 /// Decode `rounds` rounds (4 symbols of each of 16 chunks) into
 /// `stage[t][c]` (chunk c's 4 symbols of round t, little-endian).
-/// `PACKED`: every table is coarse, and one gather of `packed[slot / 4]`
-/// gives the symbol, its frequency and the slot's offset in it.
+/// `MODE` is one of [`Mode`]'s (`bits` is the uniform alphabet's, else 0):
+/// `UNIFORM`: the symbol is the slot's top `bits` bits, and the new state
+/// `(x >> 14) << (14 - bits) | x mod 2^(14 - bits)`; `PACKED`: one gather of
+/// `packed[slot / 4]` gives the symbol, its frequency and the slot's offset
+/// in it; `TABLES`: two gathers.
 ///
 /// # Safety
 /// AVX-512F/CD/BW/VBMI available; `tabs` points at consecutive
@@ -166,12 +295,13 @@ pub(super) fn try_decode_group<const NV: usize>(
 /// `streams + pos[c] .. + 8*rounds + 2` is readable; `rounds <= BLOCK`.
 #[target_feature(enable = "avx512f,avx512cd,avx512bw,avx512vbmi")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn kernel<const NV: usize, const PACKED: bool>(
+unsafe fn kernel<const NV: usize, const MODE: u8>(
     tabs: *const u8,
     streams: *const u8,
     st: &mut State<NV>,
     rounds: usize,
     stage: &mut [[[u32; 16]; NV]; BLOCK],
+    bits: u32,
 ) {
     // SAFETY: all loads/stores are of whole arrays of 64 bytes; the
     // gathers stay in bounds per the function's contract.
@@ -196,6 +326,10 @@ unsafe fn kernel<const NV: usize, const PACKED: bool>(
         let seven = _mm512_set1_epi32(7);
         let eight = _mm512_set1_epi32(8);
         let c16 = _mm512_set1_epi32(16);
+        // Uniform tables: f = 2^(14 - bits) slots per symbol.
+        let fbits = _mm_cvtsi32_si128(14 - bits.clamp(1, 8) as i32);
+        let umask = _mm512_set1_epi32((1 << bits.clamp(1, 8)) - 1);
+        let fmask = _mm512_set1_epi32((1 << (14 - bits.clamp(1, 8))) - 1);
         // Byte (8c + d, 8c + d - 1) of the 128-byte window, as the
         // permute index of a big-endian 16-bit read at offset d.
         let wbase = _mm512_set_epi32(
@@ -217,7 +351,14 @@ unsafe fn kernel<const NV: usize, const PACKED: bool>(
             for l in 0..4 {
                 for v in 0..NV {
                     let xv = x[v][l];
-                    let (sy, y) = if PACKED {
+                    let (sy, y) = if MODE == UNIFORM {
+                        let sy = _mm512_and_si512(_mm512_srl_epi32(xv, fbits), umask);
+                        let y = _mm512_or_si512(
+                            _mm512_sll_epi32(_mm512_srli_epi32::<14>(xv), fbits),
+                            _mm512_and_si512(xv, fmask),
+                        );
+                        (sy, y)
+                    } else if MODE == PACKED {
                         // e = sym | (freq/4 - 1) << 8 | (slot/4 - cum/4) << 20
                         let e = _mm512_i32gather_epi32::<1>(
                             _mm512_add_epi32(_mm512_and_si512(xv, m3ffc), symoff[v]),
@@ -295,6 +436,27 @@ unsafe fn kernel<const NV: usize, const PACKED: bool>(
                 _mm512_storeu_si512(st.x[v][l].as_mut_ptr().cast(), x[v][l]);
             }
             _mm512_storeu_si512(st.pos[v].as_mut_ptr().cast(), pos[v]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn transpose16_transposes() {
+        assert!(
+            super::available(),
+            "this test needs an AVX-512 CPU (the CI machine has one)"
+        );
+        let rows: [[u32; 16]; 16] =
+            std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
+        let mut cols = [[0u32; 16]; 16];
+        // SAFETY: checked above.
+        unsafe { super::transpose16(&rows, &mut cols) };
+        for t in 0..16 {
+            for c in 0..16 {
+                assert_eq!(cols[c][t], rows[t][c], "[{c}][{t}]");
+            }
         }
     }
 }

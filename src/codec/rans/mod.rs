@@ -49,9 +49,13 @@ mod order1;
 mod test_util;
 
 pub use crate::format::plane::{AdaptivePayload, CHUNK_GROUP};
-pub use adaptive::{decode_method4, encode_method4, DecodeTables};
+pub use adaptive::{
+    decode_method4, encode_method4, encode_method4_shared, encode_method4_uniform, DecodeTables,
+};
 pub use model::{histogram, normalize_freqs, normalize_freqs_to};
-pub use order0::{decode_method3, decode_stream, decode_stream_with, encode_stream, DecodeTable};
+pub use order0::{
+    decode_method3, decode_stream, decode_stream_with, encode_stream, uniform_bits, DecodeTable,
+};
 pub use order1::decode_method5;
 
 /// Order-0 probability precision (bits).

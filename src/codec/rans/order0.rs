@@ -184,6 +184,13 @@ pub struct DecodeTable {
     pub(super) fc: [u32; 256],
     pub(super) packed: [u32; PROB_SCALE as usize / 4],
     pub(super) coarse: bool,
+    /// `b` when the table is uniform over symbols `0..2^b` (every one of
+    /// them `2^(14-b)`, the rest 0), else 0: the symbol is then the slot's
+    /// top `b` bits, which the SIMD decoder computes without a table.
+    pub(super) uniform_bits: u32,
+    /// The frequencies these tables were built from (a rebuild for the same
+    /// table is skipped: ckptfs's encoder repeats tables across chunks).
+    pub(super) freqs: FreqTable,
 }
 
 impl DecodeTable {
@@ -200,13 +207,21 @@ impl DecodeTable {
             fc: [0; 256],
             packed: [0; PROB_SCALE as usize / 4],
             coarse: false,
+            uniform_bits: 0,
+            // Sums to 0, so no valid table equals it: the first rebuild builds.
+            freqs: [0; 256],
         }
     }
 
     /// Rebuild in place for another table (cheap: 256 `memset`s, plus 4096
     /// words for a coarse table).
     pub fn rebuild(&mut self, freqs: &FreqTable) -> Result<()> {
+        if *freqs == self.freqs {
+            return Ok(());
+        }
         check_table_sum(freqs)?;
+        // Marked unbuilt until the end, so a rebuild cut short is redone.
+        self.freqs = [0; 256];
         let mut cum = 0usize;
         for (s, &f) in freqs.iter().enumerate() {
             let f = usize::from(f);
@@ -225,6 +240,8 @@ impl DecodeTable {
                 cum += usize::from(f);
             }
         }
+        self.uniform_bits = uniform_bits(freqs).unwrap_or(0);
+        self.freqs = *freqs;
         Ok(())
     }
 
@@ -232,6 +249,18 @@ impl DecodeTable {
     pub fn is_coarse(&self) -> bool {
         self.coarse
     }
+}
+
+/// `b` (1..=8) when `freqs` is uniform over symbols `0..2^b`: each of them
+/// `2^(14-b)`, every other symbol 0. Such a table codes `b`-bit values in
+/// exactly `b` bits (ckptfs writes it for planes of near-uniform values,
+/// such as bf16 mantissas, where Huffman gets no further), and its symbol
+/// is the slot's top `b` bits.
+pub fn uniform_bits(freqs: &FreqTable) -> Option<u32> {
+    (1..=8u32).find(|&b| {
+        let (a, f) = (1usize << b, 1u16 << (PROB_BITS - b));
+        freqs[..a].iter().all(|&v| v == f) && freqs[a..].iter().all(|&v| v == 0)
+    })
 }
 
 /// One order-0 decode step with branch-free renormalisation. `read2(p)` gives
