@@ -32,7 +32,10 @@
 use super::frame_block::{
     damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
 };
-use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
+use super::{
+    ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, PieceSource, Result, Segment,
+};
+use crate::codec::xor_delta::xor_into;
 use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN};
 use crate::format::safetensors::{header_len, Header, TensorEntry};
 use std::collections::HashMap;
@@ -104,6 +107,54 @@ impl Base {
                     what: format!("no bytes at {offset}"),
                 })?);
                 Ok(())
+            }
+        }
+    }
+    /// XORs the presented bytes from `offset` into `out` (all inside),
+    /// without an intermediate copy: straight from the map of a plain
+    /// base, block by block from a base archive (a ckptfs base of the same
+    /// tensor has the delta's block grid, so this decodes one block).
+    pub fn xor_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let end = offset.checked_add(out.len() as u64);
+        match self {
+            Base::Plain { map, path } => {
+                let b = end
+                    .and_then(|e| map.bytes().get(offset as usize..e as usize))
+                    .ok_or_else(|| ArchiveError::Integrity {
+                        path: path.clone(),
+                        what: format!("no bytes at {offset}"),
+                    })?;
+                xor_into(out, b);
+                Ok(())
+            }
+            Base::Archive(a) => {
+                let end = end
+                    .filter(|&e| e <= a.logical_len(0))
+                    .ok_or_else(|| a.integrity(format!("short read at {offset}")))?;
+                a.check_range(0, offset..end)?;
+                for p in super::plan(&**a, 0, offset..end)? {
+                    let within = p.within.start as usize..p.within.end as usize;
+                    let dst = &mut out[p.out_offset as usize..][..within.len()];
+                    match p.source {
+                        PieceSource::Prefix => xor_into(dst, &a.prefix(0)?[within]),
+                        PieceSource::Block(k) => xor_into(dst, &a.decode_block(k)?[within]),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+    /// Asks for the stored bytes behind presented `range` to be read
+    /// ahead (the prefetcher's hint, passed down to the base).
+    fn will_need(&self, range: Range<u64>) {
+        match self {
+            Base::Plain { map, .. } => map.will_need(range),
+            Base::Archive(a) => {
+                let segs = a.segments(0);
+                let k = segs.partition_point(|s| s.start + s.len <= range.start);
+                for s in segs[k..].iter().take_while(|s| s.start < range.end) {
+                    a.will_need(s.unit);
+                }
             }
         }
     }
@@ -613,13 +664,13 @@ impl ArchiveView for DeltaArchive {
                 DeltaKind::Delta => {
                     self.check_base()?;
                     let mut out = decode_unit_block(self, key, frame)?;
-                    let mut base = crate::codec::zeroed(span.end - span.start, "a block")
-                        .map_err(|e| self.frame_error(key.unit, e))?;
-                    self.base
-                        .read_exact(u.base_offset + span.start, &mut base)?;
-                    for (o, x) in out.iter_mut().zip(&base) {
-                        *o ^= x;
+                    if out.len() as u64 != span.end - span.start {
+                        return Err(self.unit_integrity(
+                            key.unit,
+                            format!("block {b} decodes to {} bytes", out.len()),
+                        ));
                     }
+                    self.base.xor_into(u.base_offset + span.start, &mut out)?;
                     out
                 }
             })
@@ -649,6 +700,9 @@ impl ArchiveView for DeltaArchive {
     fn will_need(&self, unit: u32) {
         if let Some(u) = self.units.get(unit as usize) {
             self.map.will_need(u.frame.start as u64..u.frame.end as u64);
+            if u.kind != DeltaKind::Full {
+                self.base.will_need(u.base_offset..u.base_offset + u.len);
+            }
         }
     }
     fn check_range(&self, _file: usize, range: Range<u64>) -> Result<()> {

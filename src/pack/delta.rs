@@ -9,7 +9,9 @@
 //! - a match that differs: the XOR of both ([`super::tensor::encode_xor`]:
 //!   byte-plane rANS or opaque zstd, on the per-tensor encoder's block
 //!   grids, so any block decodes alone), and the tensor alone; the smaller
-//!   is kept (DELTA or FULL);
+//!   is kept (DELTA or FULL). A float tensor is not packed alone when its
+//!   delta is well below what its own frame can reach ([`full_cannot_win`]);
+//!   that halves the work of a dense training step;
 //! - no match (new, renamed, resized, other dtype): FULL.
 //!
 //! Frames are encoded in parallel in windows of about 256 MiB of target
@@ -18,11 +20,12 @@
 
 use super::tensor::{digests, encode_tensor, encode_xor};
 use super::{PackError, PackOptions};
+use crate::codec::xor_delta::xor_into;
 use crate::format::ckx::{BlockDigest, UnitDigests};
 use crate::format::delta::{
     self, render_head, render_record_head, DeltaKind, Trailer, UnitEntry, COPY_BLOCK,
 };
-use crate::format::safetensors::{self, TensorEntry};
+use crate::format::safetensors::{self, Dtype, TensorEntry};
 use blake2::digest::{Update, VariableOutput};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -117,16 +120,15 @@ fn encode(
             unit: copy_unit(raw),
         });
     }
-    let xor: Vec<u8> = raw
-        .par_iter()
-        .zip(b.par_iter())
-        .map(|(x, y)| x ^ y)
-        .collect();
-    let (d, f) = rayon::join(
-        || encode_xor(dtype, &xor, opts),
-        || encode_tensor(dtype, raw, opts),
-    );
-    if d.len() + delta::Z4DL_HEADER < f.len() {
+    let mut xor = raw.to_vec();
+    xor.par_chunks_mut(XOR_CHUNK)
+        .zip(b.par_chunks(XOR_CHUNK))
+        .for_each(|(x, y)| xor_into(x, y));
+    let d = encode_xor(dtype, &xor, opts);
+    let f = (!full_cannot_win(dtype, raw, d.len())).then(|| encode_tensor(dtype, raw, opts));
+    if f.as_ref()
+        .is_none_or(|f| d.len() + delta::Z4DL_HEADER < f.len())
+    {
         // Block digests cover the target bytes each block serves.
         let mut unit = digests(&d, &xor)?;
         let mut start = 0usize;
@@ -141,6 +143,7 @@ fn encode(
             unit,
         })
     } else {
+        let f = f.expect("kept only when smaller");
         let unit = digests(&f, raw)?;
         Ok(Encoded {
             kind: DeltaKind::Full,
@@ -149,6 +152,67 @@ fn encode(
             unit,
         })
     }
+}
+
+/// Bytes per job of the parallel XOR.
+const XOR_CHUNK: usize = 1 << 20;
+
+/// True when a float tensor's own frame cannot beat a delta of
+/// `delta_len` bytes, so packing it alone is skipped (about half the work
+/// of a dense training step): the delta is below 80% of an estimate of the
+/// smallest the tensor's frame can be, from up to four 256 KiB slices of
+/// it: the order-0 entropy of their byte planes (ckptfs's float frames come
+/// within a few percent of it on weights) or their zstd level-1 size,
+/// whichever is smaller (repeats that an order-0 model misses, such as a
+/// tiled tensor, show there, if they are much closer than the slice
+/// length). Other dtypes and tensors under 64 KiB are always packed both
+/// ways.
+fn full_cannot_win(dtype: Option<Dtype>, raw: &[u8], delta_len: usize) -> bool {
+    const SLICE: usize = 256 << 10;
+    let w = match dtype {
+        Some(Dtype::BF16) | Some(Dtype::F16) => 2,
+        Some(Dtype::F32) => 4,
+        Some(Dtype::F64) => 8,
+        _ => return false,
+    };
+    if raw.len() < 64 << 10 {
+        return false;
+    }
+    let parts: Vec<&[u8]> = if raw.len() > 4 * SLICE {
+        (0..4)
+            .map(|k| {
+                let at = (raw.len() - SLICE) / 3 * k;
+                &raw[at - at % w..][..SLICE]
+            })
+            .collect()
+    } else {
+        raw.chunks(SLICE).collect()
+    };
+    let sampled: usize = parts.iter().map(|p| p.len()).sum();
+    let (o0_bits, lz): (f64, usize) = parts
+        .par_iter()
+        .map(|c| {
+            let mut h = vec![[0u64; 256]; w];
+            for e in c.chunks_exact(w) {
+                for (hj, &x) in h.iter_mut().zip(e) {
+                    hj[x as usize] += 1;
+                }
+            }
+            let bits: f64 = h
+                .iter()
+                .map(|h| {
+                    let n = h.iter().sum::<u64>() as f64;
+                    h.iter()
+                        .filter(|&&c| c > 0)
+                        .map(|&c| -(c as f64) * (c as f64 / n).log2())
+                        .sum::<f64>()
+                })
+                .sum();
+            (bits, crate::codec::zstd::compress(c, 1).len())
+        })
+        .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let estimate = (o0_bits / 8.0).min(lz as f64) * (raw.len() as f64 / sampled as f64);
+    (delta_len as f64) < 0.8 * estimate
 }
 
 /// Writes `target` (a whole `.safetensors`) as a delta against `base` into
@@ -188,37 +252,48 @@ pub fn pack_delta(
         let b = by_name.get(t.name.as_str())?;
         (b.dtype == t.dtype && b.len() == t.len()).then(|| &bdata[b.begin as usize..b.end as usize])
     };
-    let head = render_head(
-        &header.raw,
-        data.len() as u64,
-        blake2b::<8>(bdata),
-        order.len() as u32,
-    );
-    out.write_all(&head)?;
-    let mut offset = head.len() as u64;
     let mut stats = DeltaStats {
         tensors: order.len(),
         raw_bytes: target.len() as u64,
         ..Default::default()
     };
     let mut units = Vec::with_capacity(order.len());
+    // The base's whole-content digests (z4ai's BLAKE2b of its data buffer
+    // for the head, xxh3 for the trailer) are serial passes: they run
+    // beside the first window's encoding, and the head is written after.
+    let mut base_digests: Option<(u64, u64)> = None;
+    let mut offset = 0u64;
     let mut i = 0;
-    while i < order.len() {
+    loop {
         let mut j = i;
         let mut bytes = 0u64;
         while j < order.len() && (j == i || bytes < 256 << 20) {
             bytes += order[j].len();
             j += 1;
         }
-        let done: Vec<Encoded> = order[i..j]
-            .par_iter()
-            .map(|t| {
-                let raw = &data[t.begin as usize..t.end as usize];
-                let e = encode(t, raw, matched(t), opts)?;
-                progress(raw.len() as u64);
-                Ok(e)
-            })
-            .collect::<Result<_, PackError>>()?;
+        let window = || -> Result<Vec<Encoded>, PackError> {
+            order[i..j]
+                .par_iter()
+                .map(|t| {
+                    let raw = &data[t.begin as usize..t.end as usize];
+                    let e = encode(t, raw, matched(t), opts)?;
+                    progress(raw.len() as u64);
+                    Ok(e)
+                })
+                .collect()
+        };
+        let done = match base_digests {
+            Some(_) => window()?,
+            None => {
+                let ((b8, xxh), done) =
+                    rayon::join(|| (blake2b::<8>(bdata), xxh3_64(base.bytes)), window);
+                let head = render_head(&header.raw, data.len() as u64, b8, order.len() as u32);
+                out.write_all(&head)?;
+                offset = head.len() as u64;
+                base_digests = Some((xxh3_64(&head), xxh));
+                done?
+            }
+        };
         for (t, e) in order[i..j].iter().zip(done) {
             let rh = render_record_head(
                 &t.name,
@@ -247,14 +322,18 @@ pub fn pack_delta(
             offset += len;
         }
         i = j;
+        if i >= order.len() {
+            break;
+        }
     }
+    let (head_digest, base_digest) = base_digests.expect("the first window ran");
     let trailer = Trailer {
         flags: 0,
         depth,
         z4dm_len: offset,
-        head_digest: xxh3_64(&head),
+        head_digest,
         base_len: base.bytes.len() as u64,
-        base_digest: xxh3_64(base.bytes),
+        base_digest,
         base_fingerprint: base.fingerprint,
         base_path: base.rel_path.clone(),
         units,
@@ -263,4 +342,46 @@ pub fn pack_delta(
     out.write_all(&trailer)?;
     stats.stored_bytes = offset + trailer.len() as u64;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` f32 weights in [-0.02, 0.02) from a fixed xorshift.
+    fn weights(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 0.04 - 0.02).to_le_bytes()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn full_is_skipped_only_for_a_small_delta_of_plain_weights() {
+        let raw = weights(1 << 20, 7);
+        let f32 = Some(Dtype::F32);
+        assert!(full_cannot_win(f32, &raw, raw.len() / 10));
+        assert!(!full_cannot_win(f32, &raw, raw.len() * 3 / 4));
+        // Not a float, or too small to bother: always both ways.
+        assert!(!full_cannot_win(Some(Dtype::I32), &raw, 1));
+        assert!(!full_cannot_win(f32, &raw[..32 << 10], 1));
+    }
+
+    #[test]
+    fn a_tiled_tensor_is_still_packed_alone() {
+        // Random bytes per element (high order-0 entropy), repeated every
+        // 4 KiB: zstd codes it in a few KiB, so a 10% delta must not stop
+        // the full frame from being tried. (Repeats further apart than a
+        // good part of a 256 KiB slice are not seen: see the doc.)
+        let tile = weights(1 << 10, 3);
+        let raw: Vec<u8> = tile.iter().copied().cycle().take(4 << 20).collect();
+        assert!(!full_cannot_win(Some(Dtype::F32), &raw, raw.len() / 10));
+        let plain = weights(1 << 20, 3);
+        assert!(full_cannot_win(Some(Dtype::F32), &plain, raw.len() / 10));
+    }
 }

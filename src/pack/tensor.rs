@@ -67,7 +67,10 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
 /// Mostly zero with small low-order differences, so the bit-field frame's
 /// stored sign plane (1/16 of a bf16 tensor) would dominate: float XORs go
 /// in byte-plane frames (every plane rANS or stored) or opaque zstd,
-/// whichever is smaller. Same block grids as [`encode_tensor`].
+/// whichever is smaller; zstd is tried only where it can win: below 64 KiB
+/// (rANS tables cost more there) or where the byte planes compress 8x
+/// (long zero runs, which LZ codes better).
+/// Same block grids as [`encode_tensor`].
 pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8> {
     let w = match dtype {
         _ if xor.len() < TINY => return opaque_frame(xor, opts),
@@ -76,12 +79,14 @@ pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8
         Some(Dtype::F64) => 8,
         _ => return opaque_frame(xor, opts),
     };
-    let (p, o) = rayon::join(|| byteplane_frame(xor, w), || opaque_frame(xor, opts));
-    if o.len() < p.len() {
-        o
-    } else {
-        p
+    let p = byteplane_frame(xor, w);
+    if xor.len() <= 64 << 10 || p.len() < xor.len() / 8 {
+        let o = opaque_frame(xor, opts);
+        if o.len() < p.len() {
+            return o;
+        }
     }
+    p
 }
 
 /// Elements per block for an element size.
