@@ -10,10 +10,12 @@
 //! - [`mirror`]: the directory of such copies that a mount of an
 //!   `s3://` store serves as its STORE, refreshed from the listing, and
 //!   through which a writable mount changes the bucket;
+//! - [`budget`]: the byte limit of the disk cache and its eviction order;
 //! - [`lease`]: the lock object that keeps one writable daemon per prefix.
 //!
 //! Nothing here depends on `fs` or on FUSE.
 
+pub mod budget;
 pub mod lease;
 pub mod mirror;
 pub mod ranges;
