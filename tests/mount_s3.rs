@@ -462,7 +462,12 @@ fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
     };
     read_64k(&f.m);
     f.m.unmount().expect("daemon exits");
-    assert!(disk_usage(&f.cache) <= LIMIT);
+    let used = disk_usage(&f.cache);
+    assert!(
+        used <= LIMIT,
+        "after a remount: {used} bytes: {}",
+        usage_listing(&f.cache)
+    );
     f.server.stop_proxy();
     f.server.reset();
     f.m.remount(&args);
@@ -472,11 +477,20 @@ fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
         (0, 0),
         "the cached block needed the server"
     );
-    assert!(disk_usage(&f.cache) <= LIMIT);
+    let used = disk_usage(&f.cache);
+    assert!(
+        used <= LIMIT,
+        "served from the cache: {used} bytes: {}",
+        usage_listing(&f.cache)
+    );
     // Beyond what is cached, the server is needed again, and the limit
     // still holds once it answers.
     f.server.start_proxy();
     assert!(std::fs::read(f.m.path("big.safetensors")).unwrap() == f.big);
     let used = disk_usage(&f.cache);
-    assert!(used <= LIMIT, "after a second full read: {used} bytes");
+    assert!(
+        used <= LIMIT,
+        "after a second full read: {used} bytes: {}",
+        usage_listing(&f.cache)
+    );
 }

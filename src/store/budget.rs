@@ -138,9 +138,15 @@ impl Budget {
         (e.end.div_ceil(self.page) - start / self.page) * self.page
     }
 
-    /// A state file's estimated size for `n` entries, in whole pages.
+    /// What a file of `n` entries costs beyond its bytes: its state file
+    /// (about 48 bytes an entry), and the file system's map of a file
+    /// with holes (ext4: a block for every 340 extents beyond the 4 an
+    /// inode holds), in whole pages.
     fn overhead(&self, n: usize) -> u64 {
-        (256 + 48 * n as u64).div_ceil(self.page) * self.page
+        let n = n as u64;
+        let state = (256 + 48 * n).div_ceil(self.page);
+        let map = if n > 4 { n.div_ceil(256) } else { 0 };
+        (state + map) * self.page
     }
 
     /// Starts accounting a file; `last_use` is the tick of its last use in
