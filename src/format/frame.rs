@@ -619,13 +619,16 @@ pub fn fetch_structure(
 ) -> std::io::Result<bool> {
     let len = frame.len();
     let mut pos = 0usize;
+    // Where `n` bytes from `at` end; None past the frame's end.
+    let end_of = |at: usize, n: u64| {
+        usize::try_from(n)
+            .ok()
+            .and_then(|n| at.checked_add(n))
+            .filter(|&e| e <= len)
+    };
     // The next `n` bytes, made valid first; None past the frame's end.
     let mut take = |pos: &mut usize, n: u64| -> std::io::Result<Option<&[u8]>> {
-        let Some(end) = usize::try_from(n)
-            .ok()
-            .and_then(|n| pos.checked_add(n))
-            .filter(|&e| e <= len)
-        else {
+        let Some(end) = end_of(*pos, n) else {
             return Ok(None);
         };
         if end > *pos {
@@ -660,12 +663,7 @@ pub fn fetch_structure(
     for _ in 0..n_planes {
         let h = field!(17);
         let (method, comp_len) = (h[0], le(&h[9..17]));
-        let start = pos;
-        let Some(end) = usize::try_from(comp_len)
-            .ok()
-            .and_then(|c| start.checked_add(c))
-            .filter(|&e| e <= len)
-        else {
+        let Some(end) = end_of(pos, comp_len) else {
             return Ok(false);
         };
         match method {
