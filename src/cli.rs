@@ -305,6 +305,9 @@ pub struct MountArgs {
     /// S3 stores: where the local copy of fetched bytes is kept across restarts (default: ~/.cache/ckptfs/s3/<hash of endpoint, bucket, prefix>).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// S3 stores: the most disk the cache directory may hold, e.g. 20G; least recently used bytes are freed first (default: the last limit given for this cache directory, else 32G or half the size of its file system, whichever is smaller).
+    #[arg(long, value_name = "SIZE")]
+    pub disk_cache_size: Option<String>,
     /// S3 stores: seconds between listings of the bucket (new, replaced and removed objects show up within this time).
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub metadata_ttl: f64,

@@ -306,3 +306,191 @@ fn a_replaced_object_is_a_new_version_and_open_handles_keep_the_old() {
     old.read_exact_at(&mut again, 0).unwrap();
     assert!(again == f.big);
 }
+
+/// Bytes the regular files below `dir` occupy on disk (what `du` counts
+/// of them).
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            total += disk_usage(&e.path());
+        } else if m.is_file() {
+            total += m.blocks() * 512;
+        }
+    }
+    total
+}
+
+/// What each file below `dir` occupies, for messages.
+fn usage_listing(dir: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = String::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            out += &usage_listing(&e.path());
+        } else if m.blocks() > 0 {
+            out += &format!(
+                "\n  {} {} of {}",
+                e.path().display(),
+                m.blocks() * 512,
+                m.len()
+            );
+        }
+    }
+    out
+}
+
+/// A store of one file holding one bf16 tensor of 32 MiB (32 blocks of
+/// 1 MiB), uploaded to `bucket/m` and mounted; the original's bytes and
+/// where the tensor's data start.
+fn one_large_tensor(server: &S3Server, bucket: &str, cache: &Path) -> (Mount, Vec<u8>, u64) {
+    let mut rng = Rng(32);
+    let orig = safetensors_file(
+        &[(
+            "w",
+            "BF16",
+            vec![4096, 4096],
+            gauss_bf16(&mut rng, 16 << 20, 0.02),
+        )],
+        None,
+    );
+    let data_start = 8 + u64::from_le_bytes(orig[..8].try_into().unwrap());
+    let args = mount_args(server, cache, &[]);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let m = Mount::of_store_arg(
+        |store| {
+            let tmp = tempfile::tempdir().unwrap();
+            let src = tmp.path().join("w.safetensors");
+            std::fs::write(&src, &orig).unwrap();
+            common::pack(&src, &store.join("w.safetensors.zstn"));
+            server.put_tree(bucket, "m", store);
+        },
+        &format!("s3://{bucket}/m"),
+        &args,
+    );
+    (m, orig, data_start)
+}
+
+#[test]
+fn a_small_read_of_a_large_tensor_fetches_about_one_block() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (m, orig, data_start) = one_large_tensor(&server, "granular", &dir.path().join("cache"));
+    let stored = std::fs::metadata(m.store.join("w.safetensors.zstn"))
+        .unwrap()
+        .len();
+    server.reset();
+    // 4 KiB in the middle of the tensor (O_DIRECT: no kernel read-ahead).
+    let off = (data_start + (27 << 19)).next_multiple_of(4096);
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path("w.safetensors"))
+        .unwrap();
+    let mut a = Aligned::new(4096);
+    d.read_exact_at(a.as_mut(), off).unwrap();
+    assert!(a.as_mut()[..] == orig[off as usize..off as usize + 4096]);
+    let (gets, bytes) = server.gets();
+    eprintln!("4 KiB of a 32 MiB tensor: {gets} GETs, {bytes} of {stored} stored bytes");
+    // One compressed block is about 0.7 MiB; the header, index, checksum
+    // block and the frame's structure add a few KiB.
+    assert!(
+        bytes < 2 << 20 && bytes * 10 < stored,
+        "4 KiB of one tensor fetched {bytes} of {stored} stored bytes in {gets} GETs"
+    );
+    // Another block further on (not a sequential read, which would start
+    // read-ahead): about one more block, and still exact.
+    server.reset();
+    let next = off + (3 << 20);
+    d.read_exact_at(a.as_mut(), next).unwrap();
+    assert!(a.as_mut()[..] == orig[next as usize..next as usize + 4096]);
+    let (gets2, bytes2) = server.gets();
+    assert!(
+        bytes2 < 1 << 20,
+        "the next block fetched {bytes2} bytes in {gets2} GETs"
+    );
+}
+
+#[test]
+fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
+    const LIMIT: u64 = 4 << 20;
+    let limit_arg = LIMIT.to_string();
+    let mut f = fixture("limited", &["--disk-cache-size", &limit_arg]);
+    let stored: u64 = std::fs::read_dir(&f.m.store)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        stored > 3 * LIMIT,
+        "the store ({stored} bytes) should exceed the limit"
+    );
+    // Every byte read exact, file after file, the cache at or under its
+    // limit after each.
+    for (name, orig) in &f.pairs {
+        let got = std::fs::read(f.m.path(name)).unwrap();
+        assert!(got == std::fs::read(orig).unwrap(), "{name}: bytes differ");
+        let used = disk_usage(&f.cache);
+        assert!(
+            used <= LIMIT,
+            "after {name}: the cache holds {used} bytes: {}",
+            usage_listing(&f.cache)
+        );
+    }
+    // A remount without the option keeps the limit; what the cache holds
+    // of the last block read is served without the server.
+    f.m.unmount().expect("daemon exits");
+    let args = mount_args(&f.server, &f.cache, &[]);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    f.m.remount(&args);
+    let off = (f.spans[3].0 + (256 << 10)).next_multiple_of(4096);
+    let want = &f.big[off as usize..off as usize + (64 << 10)];
+    let read_64k = |m: &Mount| {
+        // O_DIRECT, one request: no read-ahead to fetch more.
+        let d = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path("big.safetensors"))
+            .unwrap();
+        let mut a = Aligned::new(64 << 10);
+        d.read_exact_at(a.as_mut(), off).unwrap();
+        assert!(a.as_mut()[..] == *want);
+    };
+    read_64k(&f.m);
+    f.m.unmount().expect("daemon exits");
+    let used = disk_usage(&f.cache);
+    assert!(
+        used <= LIMIT,
+        "after a remount: {used} bytes: {}",
+        usage_listing(&f.cache)
+    );
+    f.server.stop_proxy();
+    f.server.reset();
+    f.m.remount(&args);
+    read_64k(&f.m);
+    assert_eq!(
+        f.server.gets(),
+        (0, 0),
+        "the cached block needed the server"
+    );
+    let used = disk_usage(&f.cache);
+    assert!(
+        used <= LIMIT,
+        "served from the cache: {used} bytes: {}",
+        usage_listing(&f.cache)
+    );
+    // Beyond what is cached, the server is needed again, and the limit
+    // still holds once it answers.
+    f.server.start_proxy();
+    assert!(std::fs::read(f.m.path("big.safetensors")).unwrap() == f.big);
+    let used = disk_usage(&f.cache);
+    assert!(
+        used <= LIMIT,
+        "after a second full read: {used} bytes: {}",
+        usage_listing(&f.cache)
+    );
+}

@@ -87,3 +87,88 @@ fn pack_to_a_bucket_then_info_verify_unpack_from_it() {
     );
     assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
+
+/// `ckptfs ARGS` with no AWS variable set but `extra`, and HOME at `home`.
+fn run_clean_env(args: &[&str], home: &std::path::Path, extra: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args).current_dir(home).env("HOME", home);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") {
+            c.env_remove(k);
+        }
+    }
+    c.envs(extra.iter().copied()).output().unwrap()
+}
+
+#[test]
+fn credentials_region_and_endpoint_from_the_aws_files() {
+    let server = S3Server::start();
+    server.put(
+        "files",
+        &[(
+            "m/bf16_dense.zstn".to_string(),
+            &vectors_dir().join("bf16_dense.zstn"),
+        )],
+    );
+    let home = tempfile::tempdir().unwrap();
+    let aws = home.path().join(".aws");
+    std::fs::create_dir(&aws).unwrap();
+    std::fs::write(
+        aws.join("credentials"),
+        "[default]\naws_access_key_id = test\naws_secret_access_key = test\n\n\
+         [other]\naws_access_key_id = test\naws_secret_access_key = test\n",
+    )
+    .unwrap();
+    let ep = server.endpoint();
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[default]\nregion = us-east-1\nendpoint_url = {ep}\n\n\
+             [profile other]\nregion = us-east-1\nendpoint_url = {ep}\n"
+        ),
+    )
+    .unwrap();
+    let url = "s3://files/m/bf16_dense.zstn";
+    // Everything from ~/.aws: the default profile, then a named one.
+    ok(&run_clean_env(&["verify", url], home.path(), &[]));
+    ok(&run_clean_env(
+        &["verify", url],
+        home.path(),
+        &[("AWS_PROFILE", "other")],
+    ));
+    // The files may live elsewhere.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (c, f) = (aws.join("credentials"), aws.join("config"));
+    ok(&run_clean_env(
+        &["verify", url],
+        elsewhere.path(),
+        &[
+            ("AWS_SHARED_CREDENTIALS_FILE", c.to_str().unwrap()),
+            ("AWS_CONFIG_FILE", f.to_str().unwrap()),
+        ],
+    ));
+    // The environment wins over the files: a dead endpoint there fails.
+    let dead = "http://127.0.0.1:9";
+    let o = run_clean_env(&["info", url], home.path(), &[("AWS_ENDPOINT_URL", dead)]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the environment's endpoint was not used"
+    );
+    // A profile neither file has, and a damaged file: one line naming it.
+    let o = run_clean_env(&["verify", url], home.path(), &[("AWS_PROFILE", "nope")]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("\"nope\"") && e.contains("credentials"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    std::fs::write(
+        aws.join("config"),
+        "[default]\nregion = us-east-1\nnot a setting\n",
+    )
+    .unwrap();
+    let o = run_clean_env(&["verify", url], home.path(), &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains(".aws/config:3:"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+}

@@ -6,20 +6,22 @@
 //! (`crate::store::remote`) is mapped the same way, as `Remote`: its bytes
 //! are only valid once [`Backing::ensure`] has fetched them, which each
 //! kind of archive calls before it reads a range (its metadata at open, a
-//! frame before its grid or a block is decoded). For the other variants
-//! `ensure` does nothing.
+//! frame's structure before its grid is built, a block's payload before
+//! it is decoded, pinned in the disk cache meanwhile). For the other
+//! variants `ensure` does nothing. A remote map is a use of its file
+//! (`store::remote::InUse`): the disk cache keeps its metadata meanwhile.
 
-use crate::store::remote::RemoteFile;
+use crate::store::remote::{InUse, Pin};
 use memmap2::Mmap;
 use std::fs::File;
 use std::ops::Range;
-use std::sync::Arc;
 
 pub enum Backing {
     Map(Mmap),
     Owned(Vec<u8>),
-    /// A map of a sparse copy of a remote object, filled on demand.
-    Remote(Mmap, Arc<RemoteFile>),
+    /// A map of a sparse copy of a remote object, filled on demand (in
+    /// use while mapped: its metadata is never evicted from the cache).
+    Remote(Mmap, InUse),
 }
 
 impl Backing {
@@ -36,7 +38,7 @@ impl Backing {
         // written in place (never truncated) while it is registered.
         let map = unsafe { Mmap::map(file) }?;
         Ok(match crate::store::remote::lookup(file) {
-            Some(r) => Backing::Remote(map, r),
+            Some(r) => Backing::Remote(map, InUse::new(r)),
             None => Backing::Map(map),
         })
     }
@@ -45,18 +47,32 @@ impl Backing {
     /// remote object's copy (a no-op otherwise). Fails when they cannot
     /// be fetched (the error names the object and why).
     pub fn ensure(&self, range: Range<u64>) -> std::io::Result<()> {
+        self.ensure_all(std::slice::from_ref(&range))
+    }
+
+    /// [`Self::ensure`] for several ranges at once (fetched together).
+    pub fn ensure_all(&self, ranges: &[Range<u64>]) -> std::io::Result<()> {
         match self {
-            Backing::Remote(_, r) => r.ensure(range),
+            Backing::Remote(_, r) => r.ensure_all(ranges),
             _ => Ok(()),
         }
     }
 
-    /// After a check of bytes `range` failed: fetches them again from the
+    /// [`Self::ensure_all`] for the bytes one block decode reads: they are
+    /// kept from eviction while the returned pin lives (None: not remote).
+    pub fn pin_all(&self, ranges: &[Range<u64>]) -> std::io::Result<Option<Pin<'_>>> {
+        match self {
+            Backing::Remote(_, r) => r.pin_all(ranges).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// After a check of bytes `ranges` failed: fetches them again from the
     /// server when the backing is a remote copy (true: try the check once
     /// more), else false (the damage is in the file itself).
-    pub fn refetch(&self, range: Range<u64>) -> bool {
+    pub fn refetch(&self, ranges: &[Range<u64>]) -> bool {
         match self {
-            Backing::Remote(_, r) => r.refetch(range).is_ok(),
+            Backing::Remote(_, r) => r.refetch(ranges).is_ok(),
             _ => false,
         }
     }
@@ -70,9 +86,6 @@ impl Backing {
     /// the disk page by page. Only a hint: out-of-range parts are ignored,
     /// and so is any error.
     pub fn will_need(&self, range: std::ops::Range<u64>) {
-        if let Backing::Remote(_, r) = self {
-            crate::store::remote::prefetch(r, range.clone());
-        }
         if let Backing::Map(m) = self {
             let end = range.end.min(m.len() as u64);
             if range.start < end {

@@ -72,19 +72,7 @@ pub(crate) fn damaged_payload<A: ArchiveView + ?Sized>(
     if b >= grid.blocks() {
         return None;
     }
-    let frame = Frame::parse(bytes).ok()?;
-    let access = if grid.elem_bytes == 0 {
-        None
-    } else {
-        frame.element_access().ok()?
-    };
-    let ranges = ckx::block_payload(
-        access.as_ref(),
-        bytes.len(),
-        &grid.bounds,
-        grid.elem_bytes,
-        b,
-    );
+    let ranges = block_ranges(bytes, &grid, b)?;
     (ckx::hash_ranges(bytes, &ranges) != want).then(|| {
         a.unit_integrity(
             key.unit,
@@ -107,6 +95,42 @@ pub(crate) fn block_index<A: ArchiveView + ?Sized>(
         ));
     }
     Ok(b)
+}
+
+/// The byte ranges of a frame (relative to it) that decoding block `b` of
+/// `grid` reads besides the frame's structure: its payload in every
+/// plane, or the whole frame when the unit is one block. None when the
+/// frame no longer parses (its bytes changed since the grid was built).
+pub(crate) fn block_ranges(bytes: &[u8], grid: &Grid, b: usize) -> Option<Vec<Range<usize>>> {
+    if b >= grid.blocks() {
+        return None;
+    }
+    let access = if grid.elem_bytes == 0 {
+        None
+    } else {
+        Frame::parse(bytes).ok()?.element_access().ok()?
+    };
+    Some(ckx::block_payload(
+        access.as_ref(),
+        bytes.len(),
+        &grid.bounds,
+        grid.elem_bytes,
+        b,
+    ))
+}
+
+/// The byte ranges of a frame (relative to it) outside every block's
+/// payload: its structure, which building the grid reads (what the CKX1
+/// meta digest covers). None when the frame does not parse.
+pub(crate) fn structure_ranges(bytes: &[u8], decoded_len: u64) -> Option<Vec<Range<usize>>> {
+    let frame = Frame::parse(bytes).ok()?;
+    let (bounds, elem_bytes, access) = block_grid(&frame, decoded_len).ok()?;
+    Some(ckx::meta_ranges(
+        bytes.len(),
+        access.as_ref(),
+        &bounds,
+        elem_bytes,
+    ))
 }
 
 /// Block boundaries of one unit, in decoded bytes of that unit. The last
@@ -216,4 +240,94 @@ pub(crate) fn decode_frame_block(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::frame::fetch_structure;
+    use crate::format::safetensors::Dtype;
+    use crate::pack::{tensor::encode_tensor, PackOptions};
+
+    /// Gaussian-ish values of `dtype` (`n` elements), deterministic.
+    fn values(dtype: Dtype, n: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            // Sum of four uniforms: roughly normal, as weights are.
+            let mut s = 0.0f32;
+            for _ in 0..4 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                s += (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+            s * 0.02
+        };
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let v = next();
+            match dtype {
+                Dtype::BF16 => out.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes()),
+                Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                _ => out.extend_from_slice(&v.to_le_bytes()),
+            }
+        }
+        out
+    }
+
+    /// The walk of a frame's structure asks for a small part of it, and
+    /// that part alone (every other byte zeroed) builds the same grid with
+    /// the same meta digest; each block then needs only its payload.
+    #[test]
+    fn a_frame_structure_is_read_without_its_payloads() {
+        for (dtype, n) in [
+            (Dtype::BF16, 6 << 20),
+            (Dtype::F32, 3 << 20),
+            (Dtype::F16, 5 << 20),
+        ] {
+            let raw = values(dtype, n);
+            let frame = encode_tensor(Some(dtype), &raw, PackOptions::default());
+            let mut asked = crate::store::ranges::RangeSet::new();
+            let by_block = fetch_structure(&frame, &mut |r| {
+                assert!(r.end <= frame.len());
+                asked.insert(r.start as u64..r.end as u64);
+                Ok(())
+            })
+            .unwrap();
+            assert!(by_block, "{dtype:?}: a ckptfs frame reads block by block");
+            assert!(
+                asked.covered() * 20 < frame.len() as u64,
+                "{dtype:?}: the walk asked for {} of {} bytes",
+                asked.covered(),
+                frame.len()
+            );
+            let mut sparse = vec![0u8; frame.len()];
+            for r in asked.ranges() {
+                let r = r.start as usize..r.end as usize;
+                sparse[r.clone()].copy_from_slice(&frame[r]);
+            }
+            let want = structure_ranges(&frame, raw.len() as u64).unwrap();
+            assert_eq!(structure_ranges(&sparse, raw.len() as u64).unwrap(), want);
+            for r in &want {
+                assert!(
+                    asked.contains(r.start as u64..r.end as u64),
+                    "{dtype:?}: {r:?}"
+                );
+            }
+            let (g, meta) = frame_grid(&frame, raw.len() as u64).unwrap();
+            let (g2, meta2) = frame_grid(&sparse, raw.len() as u64).unwrap();
+            assert_eq!((g.bounds.clone(), meta), (g2.bounds.clone(), meta2));
+            assert!(g.blocks() > 2, "{dtype:?}: {} blocks", g.blocks());
+            // Block 1 from the structure and its payload alone.
+            for r in block_ranges(&frame, &g, 1).unwrap() {
+                sparse[r.clone()].copy_from_slice(&frame[r]);
+            }
+            let got = decode_frame_block(&sparse, &g2, 1).unwrap();
+            let span = g.span(1);
+            assert!(
+                got[..] == raw[span.start as usize..span.end as usize],
+                "{dtype:?}"
+            );
+        }
+    }
 }

@@ -23,7 +23,8 @@
 //! head, plus 24 per block and the grids built so far.
 
 use super::frame_block::{
-    block_index, damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+    block_index, block_ranges, damaged_payload, decode_unit_block, frame_grid, shared_grid,
+    structure_ranges, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::codec::CodecError;
@@ -31,6 +32,7 @@ use crate::format::ckx::{self, Extension};
 use crate::format::frame::Frame;
 use crate::format::safetensors::{for_each_entry, Header, HeaderError, TensorEntry};
 use crate::format::zstn::{IndexRecord, Layout, Record, RecordKind, Zstn};
+use crate::store::remote::Pin;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -62,6 +64,13 @@ fn loose_note(e: &str) -> String {
         "; note: the header is not strict safetensors ({e}), but every tensor decodes exactly \
          as stored"
     )
+}
+
+/// Ranges relative to `frame` as ranges of the file.
+fn in_file(frame: &Range<u64>, rel: &[Range<usize>]) -> Vec<Range<u64>> {
+    rel.iter()
+        .map(|r| frame.start + r.start as u64..frame.start + r.end as u64)
+        .collect()
 }
 
 pub struct ZstnArchive {
@@ -316,6 +325,35 @@ impl ZstnArchive {
             })
     }
 
+    /// For a remote archive, before the unit's grid is built: fetches the
+    /// bytes building it reads, and returns the file ranges they lie in:
+    /// the frame's structure (not its payloads), or the whole frame when
+    /// it cannot be read block by block; that is one block's payload, so
+    /// it is pinned in the disk cache until the grid is built.
+    fn fetch_structure(&self, unit: u32) -> Result<(Vec<Range<u64>>, Option<Pin<'_>>)> {
+        let frame = self.unit_frame(unit);
+        let bytes = self.frame_bytes(unit);
+        let by_block = crate::format::frame::fetch_structure(bytes, &mut |r| {
+            self.map.ensure_all(&in_file(&frame, &[r]))
+        })
+        .map_err(|e| self.io(e))?;
+        match by_block
+            .then(|| structure_ranges(bytes, self.unit_decoded_len(unit)))
+            .flatten()
+        {
+            Some(rs) => {
+                let ranges = in_file(&frame, &rs);
+                self.map.ensure_all(&ranges).map_err(|e| self.io(e))?;
+                Ok((ranges, None))
+            }
+            None => {
+                let whole = vec![frame];
+                let pin = self.map.pin_all(&whole).map_err(|e| self.io(e))?;
+                Ok((whole, pin))
+            }
+        }
+    }
+
     /// A failure to fetch a remote archive's bytes.
     fn io(&self, source: std::io::Error) -> ArchiveError {
         ArchiveError::Io {
@@ -486,37 +524,54 @@ impl ArchiveView for ZstnArchive {
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
         let cell = self.units.get(unit as usize).map(|u| &u.grid);
         if cell.is_some_and(|c| c.get().is_none()) && self.map.is_remote() {
-            let frame = self.unit_frame(unit);
-            self.map.ensure(frame.clone()).map_err(|e| self.io(e))?;
+            let (fetched, _pin) = self.fetch_structure(unit)?;
             // A cached copy that fails its checks is fetched again once
             // before the failure is kept.
             return shared_grid(self, unit, cell, || match self.build_grid(unit) {
-                Err(_) if self.map.refetch(frame) => self.build_grid(unit),
+                Err(_) if self.map.refetch(&fetched) => self.build_grid(unit),
                 r => r,
             });
         }
         shared_grid(self, unit, cell, || self.build_grid(unit))
     }
 
-    /// Decodes one block: the unit bytes `grid.span(block)`. With a
-    /// checksum block, the compressed bytes are checked before decoding and
-    /// the decoded bytes after.
+    /// A hint that the unit's blocks will be read: the kernel is asked to
+    /// read its stored bytes ahead. A remote archive fetches each block's
+    /// bytes when the block is decoded (the mount's read-ahead decodes
+    /// blocks ahead), never a whole frame for a hint.
     fn will_need(&self, unit: u32) {
-        if (unit as usize) < self.units.len() {
+        if (unit as usize) < self.units.len() && !self.map.is_remote() {
             self.map.will_need(self.unit_frame(unit));
         }
     }
 
+    /// Decodes one block: the unit bytes `grid.span(block)`. With a
+    /// checksum block, the decoded bytes are checked against their digest.
+    /// A remote archive first fetches what the block reads (its payload in
+    /// each plane); a block that fails its checks is fetched again once,
+    /// with the frame's structure, before the failure stands.
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
         if !self.map.is_remote() {
             return self.decode_block_once(key);
         }
+        let grid = self.grid(key.unit)?;
+        let b = block_index(self, key, &grid)?;
         let frame = self.unit_frame(key.unit);
-        self.map.ensure(frame.clone()).map_err(|e| self.io(e))?;
+        let bytes = self.frame_bytes(key.unit);
+        let payload = match block_ranges(bytes, &grid, b) {
+            Some(rs) => in_file(&frame, &rs),
+            None => vec![frame.clone()],
+        };
+        // The block's bytes stay in the disk cache until it is decoded.
+        let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
         match self.decode_block_once(key) {
-            // A damaged cached copy: fetched again once from the server.
             Err(e @ (ArchiveError::Integrity { .. } | ArchiveError::Frame { .. })) => {
-                if self.map.refetch(frame) {
+                let mut again = payload;
+                match structure_ranges(bytes, self.unit_decoded_len(key.unit)) {
+                    Some(rs) => again.extend(in_file(&frame, &rs)),
+                    None => again = vec![frame],
+                }
+                if self.map.refetch(&again) {
                     self.decode_block_once(key)
                 } else {
                     Err(e)

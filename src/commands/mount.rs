@@ -250,6 +250,9 @@ pub(super) fn background(
     if let Some(d) = &a.cache_dir {
         cmd.arg("--cache-dir").arg(d);
     }
+    if let Some(s) = &a.disk_cache_size {
+        cmd.arg("--disk-cache-size").arg(s);
+    }
     cmd.arg("--metadata-ttl")
         .arg(a.metadata_ttl.to_string())
         .arg("--request-timeout")

@@ -11,6 +11,9 @@
 //! with the same cache directory. One writable daemon per prefix
 //! (`store::lease`).
 //!
+//! The cache directory holds at most `--disk-cache-size` bytes
+//! (`store::budget`); the limit given is saved there for later mounts.
+//!
 //! One daemon per cache directory (an exclusive `flock` on `DIR/lock`):
 //! two daemons filling one mirror would race on its files, and the spool
 //! is the daemon's own.
@@ -19,6 +22,7 @@ use super::mount::{background, foreground, init_logger, parse_size};
 use super::Result;
 use crate::cli::MountArgs;
 use crate::fs::sink::Sink;
+use crate::store::budget::Budget;
 use crate::store::lease::WriterLease;
 use crate::store::mirror::Mirror;
 use crate::store::s3::{S3Client, S3Options, S3Url};
@@ -109,8 +113,13 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         l.spawn_heartbeat()?;
         Some(l)
     };
+    let budget = Budget::new(
+        disk_limit(&cache_dir, a.disk_cache_size.as_deref())?,
+        page_size(&cache_dir),
+    );
     let mirror = Arc::new(
-        Mirror::open(client, &cache_dir).with_context(|| cache_dir.display().to_string())?,
+        Mirror::open(client, &cache_dir, budget)
+            .with_context(|| cache_dir.display().to_string())?,
     );
     if let Err(e) = mirror.refresh() {
         // Without the server, what the cache holds is still served.
@@ -138,6 +147,62 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
     }
     drop(lock);
     r
+}
+
+/// The default disk cache limit: 32 GiB...
+const DEFAULT_DISK_BYTES: u64 = 32 << 30;
+/// ...or this fraction of the cache's file system, if smaller.
+const DEFAULT_DISK_SHARE: f64 = 0.5;
+/// Where the limit given last for a cache directory is kept.
+const LIMIT_FILE: &str = "disk-cache-size";
+
+/// The disk cache limit of `cache_dir`: `given` (then saved in the cache
+/// directory, so that later mounts of it keep it), else the one saved,
+/// else the default.
+fn disk_limit(cache_dir: &Path, given: Option<&str>) -> Result<u64> {
+    let path = cache_dir.join(LIMIT_FILE);
+    if let Some(s) = given {
+        let n = parse_size(s).map_err(|e| anyhow::anyhow!("--disk-cache-size {e}"))?;
+        crate::fsutil::write_atomic(&path, true, |w| {
+            use std::io::Write;
+            writeln!(w, "{n}")
+        })
+        .with_context(|| path.display().to_string())?;
+        return Ok(n);
+    }
+    match std::fs::read_to_string(&path) {
+        Ok(s) => match s.trim().parse::<u64>() {
+            Ok(n) => return Ok(n),
+            Err(_) => log::warn!(
+                "{}: not a byte count; using the default limit",
+                path.display()
+            ),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => log::warn!("{}: {e}; using the default limit", path.display()),
+    }
+    Ok(default_disk_limit(cache_dir))
+}
+
+fn default_disk_limit(cache_dir: &Path) -> u64 {
+    let Ok(c) = std::ffi::CString::new(cache_dir.as_os_str().as_encoded_bytes()) else {
+        return DEFAULT_DISK_BYTES;
+    };
+    // SAFETY: statvfs writes into the zeroed struct it is given; the path
+    // is a NUL-terminated string that outlives the call.
+    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut v) } != 0 {
+        return DEFAULT_DISK_BYTES;
+    }
+    let total = (v.f_blocks as u64).saturating_mul(v.f_frsize as u64);
+    DEFAULT_DISK_BYTES.min((total as f64 * DEFAULT_DISK_SHARE) as u64)
+}
+
+/// The block size of the cache directory's file system (what the disk
+/// cache charges per page).
+fn page_size(cache_dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(cache_dir).map_or(4096, |m| m.blksize().clamp(4096, 1 << 20))
 }
 
 /// The token that names this cache directory's daemons in the writer
@@ -215,6 +280,6 @@ impl Sink for S3Sink {
         );
     }
     fn fill(&self, _rel: &Path, local: &Path) -> io::Result<()> {
-        crate::store::remote::fill_whole(&std::fs::File::open(local)?)
+        crate::store::remote::fill_and_take(&std::fs::File::open(local)?)
     }
 }

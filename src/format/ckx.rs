@@ -181,11 +181,22 @@ pub fn meta_digest(
     bounds: &[u64],
     elem_bytes: u64,
 ) -> u64 {
+    hash_ranges(frame, &meta_ranges(frame.len(), access, bounds, elem_bytes))
+}
+
+/// The frame bytes outside every block payload range (what `meta_digest`
+/// covers), in order: relative to the frame.
+pub fn meta_ranges(
+    frame_len: usize,
+    access: Option<&ElementAccess<'_>>,
+    bounds: &[u64],
+    elem_bytes: u64,
+) -> Vec<Range<usize>> {
     let mut all = Vec::new();
     for b in 0..bounds.len() - 1 {
-        all.extend(block_payload(access, frame.len(), bounds, elem_bytes, b));
+        all.extend(block_payload(access, frame_len, bounds, elem_bytes, b));
     }
-    hash_ranges(frame, &complement(frame.len(), &all))
+    complement(frame_len, &all)
 }
 
 /// The regions the head and index digests cover: `[0, head_end)` and

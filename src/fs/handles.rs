@@ -63,6 +63,9 @@ pub(super) struct PlainHandle {
     /// checks as them that a file with safetensors content may be moved
     /// into the spool (`write::adopt`).
     pub(super) opener: Option<super::beneath::Ids>,
+    /// The S3 object this file is a copy of, kept in the disk cache while
+    /// the handle lives.
+    _remote: Option<crate::store::remote::InUse>,
 }
 
 pub(super) enum Handle {
@@ -96,6 +99,20 @@ impl CheckpointFs {
         passthrough: bool,
         flags: i32,
     ) -> Opened {
+        self.plain_handle_of(ino, file, writer, passthrough, flags, None)
+    }
+
+    /// [`Self::plain_handle`] of an S3 object's copy, kept in the disk
+    /// cache while the handle lives.
+    pub(super) fn plain_handle_of(
+        &self,
+        ino: u64,
+        file: File,
+        writer: Option<Identity>,
+        passthrough: bool,
+        flags: i32,
+        remote: Option<crate::store::remote::InUse>,
+    ) -> Opened {
         // An O_DIRECT open is served here, not passed through: the kernel
         // opens the backing file with the opener's flags, and an O_DIRECT
         // later cleared with fcntl(F_SETFL) would still apply to it
@@ -118,6 +135,7 @@ impl CheckpointFs {
             cached: !passthrough,
             writer,
             opener: writer.and_then(|_| super::beneath::current_caller()),
+            _remote: remote,
         }));
         Opened::Plain {
             fh,

@@ -143,8 +143,9 @@ impl CheckpointFs {
                     return Err(FsError::Stale);
                 }
                 // A plain object of an S3 store is fetched whole before it
-                // is served (the failure is logged with the object's name).
-                crate::store::remote::fill_whole(&file)
+                // is served (the failure is logged with the object's name),
+                // and kept in the disk cache while the handle lives.
+                let remote = crate::store::remote::fill_whole(&file)
                     .map_err(|_| FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)))?;
                 // A staged file becomes an archive (served through the page
                 // cache) when it is compressed, under the same inode; the
@@ -153,7 +154,7 @@ impl CheckpointFs {
                 // never passed through.
                 let staged = matches!(inode.kind(), NodeKind::Staged { .. });
                 let passthrough = !staged && !self.has_cached_opens(ino);
-                Ok(self.plain_handle(ino, file, None, passthrough, flags))
+                Ok(self.plain_handle_of(ino, file, None, passthrough, flags, remote))
             }
             NodeKind::Archive => {
                 let slot = match self.store.lstat(&self.rel(&inode)?).map_err(not_found_is) {

@@ -41,6 +41,8 @@ pub trait Sink: Send + Sync {
     /// The local rename `from` -> `to` (absolute `local`) was done:
     /// removes the remote `from`.
     fn moved(&self, from: &Path, to: &Path, local: &Path);
-    /// Makes the local file `local` (STORE path `rel`) hold all its bytes.
+    /// Makes the local file `local` (STORE path `rel`) hold all its bytes,
+    /// for good: it is about to be moved out of STORE (into the spool), so
+    /// no cache may free any of them after this.
     fn fill(&self, rel: &Path, local: &Path) -> io::Result<()>;
 }

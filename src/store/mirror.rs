@@ -20,7 +20,8 @@
 //! (new mirror files before they are renamed into place). On start the
 //! states whose mirror file is still there (same inode and size) are
 //! registered again, so the cache survives a restart and serves, without
-//! the server, every byte it holds.
+//! the server, every byte it holds. The bytes held are kept under the
+//! disk cache's limit (`budget`), least recently used given back first.
 //!
 //! A writable mount changes the bucket through the mirror
 //! ([`Mirror::publish`], [`Mirror::published`], [`Mirror::remove`],
@@ -34,6 +35,7 @@
 //! reserves) are skipped with a log line: nothing is ever written outside
 //! the mirror.
 
+use super::budget::Budget;
 use super::ranges::RangeSet;
 use super::remote::{self, RemoteFile};
 use super::s3::{Listed, S3Client};
@@ -49,6 +51,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 pub struct Mirror {
     client: Arc<S3Client>,
+    budget: Arc<Budget>,
     root: PathBuf,
     state_dir: PathBuf,
     tmp_dir: PathBuf,
@@ -72,11 +75,17 @@ pub fn valid_rel(rel: &str) -> bool {
 }
 
 impl Mirror {
-    /// Opens (creating it if needed) the mirror under `cache_dir` and
-    /// registers the versions a previous run left.
-    pub fn open(client: Arc<S3Client>, cache_dir: &Path) -> io::Result<Mirror> {
+    /// Opens (creating it if needed) the mirror under `cache_dir`,
+    /// registers the versions a previous run left, and evicts what exceeds
+    /// `budget`.
+    pub fn open(
+        client: Arc<S3Client>,
+        cache_dir: &Path,
+        budget: Arc<Budget>,
+    ) -> io::Result<Mirror> {
         let m = Mirror {
             client,
+            budget,
             root: cache_dir.join("mirror"),
             state_dir: cache_dir.join("state"),
             tmp_dir: cache_dir.join("tmp"),
@@ -100,6 +109,12 @@ impl Mirror {
                 Err(e) => log::warn!("{}: {e}", path.display()),
             }
         }
+        let used = m.budget.enforce();
+        log::info!(
+            "{}: disk cache holds {used} of {} bytes",
+            cache_dir.display(),
+            m.budget.limit()
+        );
         Ok(m)
     }
 
@@ -142,7 +157,10 @@ impl Mirror {
             file,
             state_path.to_path_buf(),
             present,
+            &self.budget,
+            st.used.max(1),
         )?;
+        r.free_missing();
         remote::register(&r)?;
         self.known.lock().insert(st.rel, r);
         Ok(true)
@@ -243,7 +261,15 @@ impl Mirror {
         let mtime = UNIX_EPOCH + Duration::from_secs(l.mtime.max(0) as u64);
         file.set_modified(mtime)?;
         let state_path = self.state_dir.join(format!("{name}.json"));
-        let r = RemoteFile::new(self.client.clone(), l, file, state_path, RangeSet::new())?;
+        let r = RemoteFile::new(
+            self.client.clone(),
+            l,
+            file,
+            state_path,
+            RangeSet::new(),
+            &self.budget,
+            0,
+        )?;
         r.persist_now()?;
         std::fs::rename(&tmp, &dest)?;
         remote::register(&r)?;
@@ -303,7 +329,15 @@ impl Mirror {
             xxh3_64(etag.as_bytes())
         );
         let state_path = self.state_dir.join(format!("{name}.json"));
-        let r = RemoteFile::new(self.client.clone(), &listed, file, state_path, present)?;
+        let r = RemoteFile::new(
+            self.client.clone(),
+            &listed,
+            file,
+            state_path,
+            present,
+            &self.budget,
+            0,
+        )?;
         r.persist_now()?;
         remote::register(&r)?;
         self.known.lock().insert(rel.to_string(), r);

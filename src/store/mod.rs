@@ -3,6 +3,8 @@
 //!
 //! - [`s3`]: `s3://BUCKET/PREFIX` URLs and the blocking client (bounded
 //!   retries and timeouts) over `object_store`;
+//! - [`aws_config`]: credentials, region and endpoint from the AWS shared
+//!   files (`~/.aws/credentials`, `~/.aws/config`, profiles);
 //! - [`ranges`]: byte-range sets (pure);
 //! - [`remote`]: a sparse local copy of one object version, filled on
 //!   demand with ranged conditional GETs, and the registry through which
@@ -10,10 +12,13 @@
 //! - [`mirror`]: the directory of such copies that a mount of an
 //!   `s3://` store serves as its STORE, refreshed from the listing, and
 //!   through which a writable mount changes the bucket;
+//! - [`budget`]: the byte limit of the disk cache and its eviction order;
 //! - [`lease`]: the lock object that keeps one writable daemon per prefix.
 //!
 //! Nothing here depends on `fs` or on FUSE.
 
+pub mod aws_config;
+pub mod budget;
 pub mod lease;
 pub mod mirror;
 pub mod ranges;

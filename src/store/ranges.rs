@@ -98,6 +98,29 @@ impl RangeSet {
     }
 }
 
+/// What to request for the byte ranges `want` of an object of `size`
+/// bytes: each widened to multiples of `align` (clamped to the object),
+/// sorted, and merged with its neighbour when the gap between them is at
+/// most `gap` (one request instead of two, the gap fetched too).
+pub fn coalesce(want: &[Range<u64>], align: u64, gap: u64, size: u64) -> Vec<Range<u64>> {
+    let align = align.max(1);
+    let mut v: Vec<Range<u64>> = want
+        .iter()
+        .map(|r| r.start.min(size)..r.end.min(size))
+        .filter(|r| r.start < r.end)
+        .map(|r| r.start / align * align..r.end.div_ceil(align).saturating_mul(align).min(size))
+        .collect();
+    v.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(v.len());
+    for r in v {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end.saturating_add(gap) => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +140,18 @@ mod tests {
         assert_eq!(s.ranges(), &[5..10, 12..40]);
         assert!(s.contains(12..40));
         assert!(!s.contains(9..13));
+    }
+
+    #[test]
+    fn coalesce_aligns_and_merges_near_ranges() {
+        let got = coalesce(
+            &[9000..9100, 100..200, 5000..5001, 40_000..50_000],
+            4096,
+            4096,
+            45_000,
+        );
+        assert_eq!(got, vec![0..12288, 36864..45_000]);
+        assert_eq!(coalesce(&[10..10, 50..60], 1, 0, 55), vec![50..55]);
     }
 
     proptest! {

@@ -6,7 +6,9 @@
 //! Endpoint, region and credentials come from the standard AWS
 //! environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_SESSION_TOKEN`, `AWS_REGION`/`AWS_DEFAULT_REGION`,
-//! `AWS_ENDPOINT_URL`), `--endpoint-url` overriding the last.
+//! `AWS_ENDPOINT_URL`), then from the shared files of the profile
+//! `AWS_PROFILE` (`aws_config`) for what the environment leaves unset, as
+//! the AWS CLI does; `--endpoint-url` overrides both.
 //!
 //! Bounded waits: every request has a timeout, failed requests are retried
 //! a bounded number of times with exponential backoff, and each call as a
@@ -131,11 +133,31 @@ fn other(msg: String) -> io::Error {
 impl S3Client {
     pub fn new(url: S3Url, opts: &S3Options) -> io::Result<S3Client> {
         let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+        // The shared files fill what the environment leaves unset.
+        let files = super::aws_config::resolve_env().map_err(other)?;
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if env("AWS_ACCESS_KEY_ID").is_none() {
+            if let (Some(k), Some(s)) = (&files.access_key_id, &files.secret_access_key) {
+                b = b.with_access_key_id(k).with_secret_access_key(s);
+                if let Some(t) = &files.session_token {
+                    b = b.with_token(t);
+                }
+            }
+        }
+        if env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .is_none()
+        {
+            if let Some(r) = &files.region {
+                b = b.with_region(r);
+            }
+        }
         let endpoint = opts
             .endpoint
             .clone()
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
+            .or_else(|| env("AWS_ENDPOINT_URL_S3"))
+            .or_else(|| env("AWS_ENDPOINT_URL"))
+            .or(files.endpoint_url);
         let mut client = ClientOptions::new()
             .with_timeout(opts.timeout)
             .with_connect_timeout(opts.timeout);
