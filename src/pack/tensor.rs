@@ -221,29 +221,23 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
 fn mantissa_plane(mant: &[u8], bits: u32, chunks: usize, zstd_block: usize) -> PlaneOut {
     let uniform = !mant.is_empty()
         && estimate_o0_bytes(mant) >= mant.len() as f64 * f64::from(bits) / 8.0 * 0.99;
-    let z = || zstd_blocks_or_stored(mant, zstd_block);
     if !uniform {
-        return z();
+        return zstd_blocks_or_stored(mant, zstd_block);
     }
-    let payload = rans::encode_method4_uniform(mant, chunks, bits);
     let r = PlaneOut {
         method: plane::RANS_ADAPT,
         orig_len: mant.len() as u64,
-        payload,
+        payload: rans::encode_method4_uniform(mant, chunks, bits),
     };
     // Tiny planes also try zstd: rANS's fixed costs (16 seed bytes a chunk,
     // the table blob) are a visible share there, and speed matters little.
-    if mant.len() <= 64 << 10 {
-        let z = z();
-        if z.payload.len() < r.payload.len() {
+    if mant.len() <= 64 << 10 || r.payload.len() >= mant.len() {
+        let z = zstd_blocks_or_stored(mant, zstd_block);
+        if z.payload.len() < r.payload.len() || r.payload.len() >= mant.len() {
             return z;
         }
     }
-    if r.payload.len() < mant.len() {
-        r
-    } else {
-        z()
-    }
+    r
 }
 
 /// f32 as a bit-field frame: the exponent byte whole in one rANS plane

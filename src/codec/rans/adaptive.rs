@@ -328,13 +328,11 @@ pub fn encode_method4_shared(data: &[u8], k: usize, group: usize) -> Vec<u8> {
 /// If a symbol is `>= 2^bits`, `bits` is not in `1..=8`, or `k` does not fit
 /// in a u32.
 pub fn encode_method4_uniform(data: &[u8], k: usize, bits: u32) -> Vec<u8> {
-    assert!((1..=8).contains(&bits), "uniform table of {bits} bits");
+    let t = super::uniform_table(bits);
     assert!(
         data.iter().all(|&v| u32::from(v) >> bits == 0),
         "encode_method4_uniform: a symbol above {bits} bits"
     );
-    let mut t = [0u16; 256];
-    t[..1 << bits].fill(1 << (super::PROB_BITS - bits));
     encode_method4_with(data, k, |_, _| t)
 }
 

@@ -119,12 +119,6 @@ fn check_decode_chunks(p: &[u8]) -> std::result::Result<(), TestCaseError> {
     Ok(())
 }
 
-fn uniform_table(bits: u32) -> FreqTable {
-    let mut t = [0u16; 256];
-    t[..1 << bits].fill(1 << (14 - bits));
-    t
-}
-
 fn random_table(r: &mut Rng) -> FreqTable {
     let mut h = [0u64; 256];
     match r.next() % 4 {

@@ -327,9 +327,10 @@ unsafe fn kernel<const NV: usize, const MODE: u8>(
         let eight = _mm512_set1_epi32(8);
         let c16 = _mm512_set1_epi32(16);
         // Uniform tables: f = 2^(14 - bits) slots per symbol.
-        let fbits = _mm_cvtsi32_si128(14 - bits.clamp(1, 8) as i32);
-        let umask = _mm512_set1_epi32((1 << bits.clamp(1, 8)) - 1);
-        let fmask = _mm512_set1_epi32((1 << (14 - bits.clamp(1, 8))) - 1);
+        let ub = bits.clamp(1, 8) as i32;
+        let fbits = _mm_cvtsi32_si128(14 - ub);
+        let umask = _mm512_set1_epi32((1 << ub) - 1);
+        let fmask = _mm512_set1_epi32((1 << (14 - ub)) - 1);
         // Byte (8c + d, 8c + d - 1) of the 128-byte window, as the
         // permute index of a big-endian 16-bit read at offset d.
         let wbase = _mm512_set_epi32(

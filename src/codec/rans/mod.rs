@@ -54,7 +54,8 @@ pub use adaptive::{
 };
 pub use model::{histogram, normalize_freqs, normalize_freqs_to};
 pub use order0::{
-    decode_method3, decode_stream, decode_stream_with, encode_stream, uniform_bits, DecodeTable,
+    decode_method3, decode_stream, decode_stream_with, encode_stream, uniform_bits, uniform_table,
+    DecodeTable,
 };
 pub use order1::decode_method5;
 

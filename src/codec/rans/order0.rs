@@ -220,8 +220,6 @@ impl DecodeTable {
             return Ok(());
         }
         check_table_sum(freqs)?;
-        // Marked unbuilt until the end, so a rebuild cut short is redone.
-        self.freqs = [0; 256];
         let mut cum = 0usize;
         for (s, &f) in freqs.iter().enumerate() {
             let f = usize::from(f);
@@ -257,10 +255,18 @@ impl DecodeTable {
 /// such as bf16 mantissas, where Huffman gets no further), and its symbol
 /// is the slot's top `b` bits.
 pub fn uniform_bits(freqs: &FreqTable) -> Option<u32> {
-    (1..=8u32).find(|&b| {
-        let (a, f) = (1usize << b, 1u16 << (PROB_BITS - b));
-        freqs[..a].iter().all(|&v| v == f) && freqs[a..].iter().all(|&v| v == 0)
-    })
+    (1..=8u32).find(|&b| *freqs == uniform_table(b))
+}
+
+/// The uniform table over symbols `0..2^bits` ([`uniform_bits`]).
+///
+/// # Panics
+/// If `bits` is not in `1..=8`.
+pub fn uniform_table(bits: u32) -> FreqTable {
+    assert!((1..=8).contains(&bits), "uniform table of {bits} bits");
+    let mut t = [0u16; 256];
+    t[..1 << bits].fill(1 << (PROB_BITS - bits));
+    t
 }
 
 /// One order-0 decode step with branch-free renormalisation. `read2(p)` gives
