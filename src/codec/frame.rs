@@ -197,6 +197,9 @@ impl ElementAccess<'_> {
             // One plane, bytes are elements: decode straight into the output.
             return self.blocks[0].decode_range(a..b, tables.get(0), out);
         }
+        if let Some(r) = self.decode_bf16_fused(a, b, tables, out) {
+            return r;
+        }
         // Stored planes are joined straight from the frame; the others are
         // decoded into per-thread scratch buffers that are reused.
         thread_local! {
@@ -248,6 +251,83 @@ impl ElementAccess<'_> {
             bufs.retain(|b| b.len() <= super::SCRATCH_KEEP);
             cell.replace(bufs);
             result
+        })
+    }
+}
+
+impl ElementAccess<'_> {
+    /// bf16 elements `[a, b)` whose exponent and mantissa planes are rANS
+    /// chunks of one chunking, decoded together and joined as they come
+    /// out of the vector decoder ([`rans::decode_chunk_pairs`]): neither
+    /// plane is written to memory, which is most of the cost of a block
+    /// (the planes and the join are memory-bound). `None` when it does not
+    /// apply; the planes are then decoded one by one.
+    fn decode_bf16_fused(
+        &self,
+        a: u64,
+        b: u64,
+        tables: &RansTables,
+        out: &mut [u8],
+    ) -> Option<Result<()>> {
+        let Transform::Bitfield(spec) = self.frame.transform else {
+            return None;
+        };
+        if spec != transform::BFLOAT16 || self.blocks.len() != 3 {
+            return None;
+        }
+        let (PlaneBlocks::Rans(e), PlaneBlocks::Rans(m)) = (&self.blocks[1], &self.blocks[2])
+        else {
+            return None;
+        };
+        // Both planes hold one byte per element, so plane bytes [a, b) are
+        // elements [a, b); they must be whole chunks of both.
+        if e.chunks() != m.chunks() || e.len() != m.len() || b > e.len() {
+            return None;
+        }
+        let js = self.blocks[1].block_of(a)..self.blocks[1].block_of(b - 1) + 1;
+        if e.chunk_bounds(js.start).start != a || e.chunk_bounds(js.end - 1).end != b {
+            return None;
+        }
+        let (te, tm) = (tables.get(1)?, tables.get(2)?);
+        thread_local! {
+            static PAIR: std::cell::RefCell<(rans::DecodeTables, rans::DecodeTables, Vec<u8>, Vec<u64>)> =
+                std::cell::RefCell::new(Default::default());
+        }
+        let signs = self.plane_ranges(0, a, b);
+        let sign: Cow<'_, [u8]> = match (&self.blocks[0], signs.as_slice()) {
+            (PlaneBlocks::Stored(p), [r]) => {
+                Cow::Borrowed(p.get(r.start as usize..r.end as usize)?)
+            }
+            _ => return None,
+        };
+        PAIR.with(|cell| {
+            let mut pair = cell.borrow_mut();
+            let (de, dm, scratch, masks) = &mut *pair;
+            let n = (b - a) as usize;
+            transform::sign_masks(&sign, (a % 8) as usize, n, masks);
+            let r = de
+                .rebuild(te, js.clone())
+                .and_then(|()| dm.rebuild(tm, js.clone()))
+                .and_then(|()| {
+                    rans::decode_chunk_pairs((e, de), (m, dm), js.clone(), scratch, |off, x, y| {
+                        let o = off as usize;
+                        transform::bf16_join_masked(
+                            masks,
+                            o,
+                            x,
+                            y,
+                            &mut out[2 * o..2 * (o + x.len())],
+                        )
+                    })
+                });
+            if scratch.len() > super::SCRATCH_KEEP {
+                *scratch = Vec::new();
+            }
+            match r {
+                Ok(true) => Some(Ok(())),
+                Ok(false) => None,
+                Err(e) => Some(Err(e)),
+            }
         })
     }
 }

@@ -54,6 +54,55 @@ unsafe fn bf16_steps(sign: &[u8], exp: &[u8], mant: &[u8], out: &mut [u8], steps
     }
 }
 
+/// Joins the first `exp.len() / 32 * 32` bf16 elements whose sign bits are
+/// bits `first..` of `masks` (element i at bit i % 64 of `masks[i / 64]`,
+/// missing words read as 0); returns how many it joined.
+pub(super) fn bf16_masked_body(
+    masks: &[u64],
+    first: usize,
+    exp: &[u8],
+    mant: &[u8],
+    out: &mut [u8],
+) -> usize {
+    let steps = (exp.len() / 32).min(mant.len() / 32).min(out.len() / 64);
+    assert!(available());
+    // SAFETY: the CPU has AVX-512F/BW (checked above); every load and store
+    // stays within `steps` whole steps of each slice (bounded above).
+    unsafe { bf16_masked_steps(masks, first, exp, mant, out, steps) };
+    steps * 32
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bf16_masked_steps(
+    masks: &[u64],
+    first: usize,
+    exp: &[u8],
+    mant: &[u8],
+    out: &mut [u8],
+    steps: usize,
+) {
+    let word = |w: usize| masks.get(w).copied().unwrap_or(0);
+    // SAFETY: the caller checked the CPU features and the bounds.
+    unsafe {
+        let low7 = _mm512_set1_epi16(0x7f);
+        let top = _mm512_set1_epi16(0x8000u16 as i16);
+        for j in 0..steps {
+            let at = first + 32 * j;
+            let (w, sh) = (at / 64, at % 64);
+            let bits = if sh > 32 {
+                (word(w) >> sh) | (word(w + 1) << (64 - sh))
+            } else {
+                word(w) >> sh
+            };
+            let e = _mm512_cvtepu8_epi16(_mm256_loadu_si256(exp.as_ptr().add(32 * j).cast()));
+            let m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(mant.as_ptr().add(32 * j).cast()));
+            let v = _mm512_or_si512(_mm512_slli_epi16::<7>(e), _mm512_and_si512(m, low7));
+            let v = _mm512_mask_blend_epi16(bits as u32, v, _mm512_or_si512(v, top));
+            _mm512_storeu_si512(out.as_mut_ptr().add(64 * j).cast(), v);
+        }
+    }
+}
+
 /// Joins the first `exp.len() / 16 * 16` float32 elements (sign position
 /// byte-aligned at `sign[0]`); returns how many it joined.
 pub(super) fn f32_body(sign: &[u8], exp: &[u8], m: [&[u8]; 3], out: &mut [u8]) -> usize {

@@ -268,6 +268,51 @@ fn bf16_join(sign: &[u8], sign_bit: usize, exp: &[u8], mant: &[u8], out: &mut [u
     }
 }
 
+/// The sign bits of `n` elements as 64-bit lane masks: element i's sign
+/// (bit `sign_bit + i` of `sign`, MSB-first) at bit i % 64 of
+/// `masks[i / 64]`, for [`bf16_join_masked`]. Bits past the plane are 0.
+pub fn sign_masks(sign: &[u8], sign_bit: usize, n: usize, masks: &mut Vec<u64>) {
+    // Eight sign bytes from byte i, each bit-reversed (element order).
+    let load = |i: usize| -> u64 {
+        let mut b = [0u8; 8];
+        if let Some(s) = sign.get(i..) {
+            let k = s.len().min(8);
+            b[..k].copy_from_slice(&s[..k]);
+        }
+        u64::from_le_bytes(b).reverse_bits().swap_bytes()
+    };
+    let sh = sign_bit % 8;
+    let words = n.div_ceil(64);
+    masks.clear();
+    masks.extend((0..words).map(|w| {
+        let i = sign_bit / 8 + 8 * w;
+        if sh == 0 {
+            load(i)
+        } else {
+            (load(i) >> sh) | (load(i + 8) << (64 - sh))
+        }
+    }));
+}
+
+/// bf16 join whose sign bits come from [`sign_masks`]: element i of `out`
+/// takes the sign at bit `first + i` of `masks`. The joined output of a
+/// decoder that hands over runs of elements in any order.
+pub fn bf16_join_masked(masks: &[u64], first: usize, exp: &[u8], mant: &[u8], out: &mut [u8]) {
+    let n = exp.len().min(mant.len()).min(out.len() / 2);
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::join_avx512::available() {
+        done = super::join_avx512::bf16_masked_body(masks, first, exp, mant, out);
+    }
+    for i in done..n {
+        let at = first + i;
+        let s = masks.get(at / 64).map_or(0, |w| (w >> (at % 64)) & 1) as u16;
+        let w = (s << 15) | ((exp[i] as u16) << 7) | (mant[i] & 0x7f) as u16;
+        out[2 * i..2 * i + 2].copy_from_slice(&w.to_le_bytes());
+    }
+}
+
 /// float32 bit-field join, 8 elements per sign byte once the sign position
 /// is byte-aligned (a block of a frame may start anywhere in a sign byte).
 fn f32_join(sign: &[u8], sign_bit: usize, exp: &[u8], mants: &[&[u8]], out: &mut [u8]) {

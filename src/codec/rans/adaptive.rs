@@ -232,6 +232,63 @@ impl AdaptivePayload<'_> {
     }
 }
 
+/// Decodes chunks `js` of two method-4 payloads with the same chunking
+/// (the exponent and mantissa planes of a bit-field frame) together, with
+/// AVX-512, handing the symbols of both to `sink(offset, a, b)`: `offset`
+/// counts symbols from the first of `js`, the slices have equal lengths,
+/// and together the calls cover every symbol of `js` (a chunk with a
+/// damaged stream is handed again whole; its last call wins). Neither
+/// plane is written out, so a joined output is made straight from the
+/// decoder's registers' spill, in cache.
+///
+/// Returns `Ok(false)` when this does not apply (no AVX-512, different
+/// chunking, chunks unsuited to the vector decoder): `sink` may have been
+/// called for some symbols, and the caller decodes the planes one by one
+/// instead. `scratch` is reused for chunk tails.
+pub fn decode_chunk_pairs(
+    a: (&AdaptivePayload<'_>, &DecodeTables),
+    b: (&AdaptivePayload<'_>, &DecodeTables),
+    js: Range<usize>,
+    scratch: &mut Vec<u8>,
+    mut sink: impl FnMut(u64, &[u8], &[u8]),
+) -> Result<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if a.0.n != b.0.n || a.0.k != b.0.k || js.is_empty() || !avx512::available() {
+            return Ok(false);
+        }
+        for (p, t) in [a, b] {
+            let tc = t.chunks();
+            if js.end > p.k || tc.start > js.start || tc.end < js.end {
+                return Err(CodecError::invalid(
+                    "method-4 decode tables",
+                    format!("cover chunks {tc:?} of {}, not {js:?}", p.k),
+                ));
+            }
+        }
+        let lo = a.0.span(&js).start;
+        let m = js.len().div_ceil(CHUNK_GROUP);
+        for i in 0..m {
+            let g = js.start + js.len() * i / m..js.start + js.len() * (i + 1) / m;
+            if g.len() < avx512::MIN_CHUNKS {
+                return Ok(false);
+            }
+            let at = a.0.span(&g).start - lo;
+            let ok =
+                avx512::try_decode_pair(a, b, g, scratch, |off, x, y| sink(at + off as u64, x, y));
+            if !ok {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, b, js, scratch, &mut sink);
+        Ok(false)
+    }
+}
+
 /// Whole method-4 decode into `out` (`out.len()` = the plane's `orig_len`)
 /// with [`AdaptivePayload::decode_chunks`] over blocks of [`CHUNK_GROUP`]
 /// chunks, parallel over blocks with rayon for planes of at least 1 MiB.

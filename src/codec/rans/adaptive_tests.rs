@@ -459,3 +459,84 @@ fn rejects_lying_headers() {
     assert!(decode_method3(&0u64.to_le_bytes(), &mut out).is_err());
     assert!(decode_method3(&0u64.to_le_bytes(), &mut []).is_ok());
 }
+
+// ----- two planes decoded in lock step (decode_chunk_pairs) -----
+
+/// Decodes chunk ranges of `pa` and `pb` together and checks what the sink
+/// receives against each plane decoded one chunk at a time. Returns
+/// whether the paired decoder took every range of 7 chunks or more (fewer
+/// go to the scalar decoder).
+fn check_chunk_pairs(pa: &[u8], pb: &[u8]) -> std::result::Result<bool, TestCaseError> {
+    let (a, b) = (
+        AdaptivePayload::parse(pa).unwrap(),
+        AdaptivePayload::parse(pb).unwrap(),
+    );
+    let ta = DecodeTables::new(&a.freq_tables().unwrap()).unwrap();
+    let tb = DecodeTables::new(&b.freq_tables().unwrap()).unwrap();
+    let k = a.chunks();
+    let mut all = true;
+    for js in [0..k, 0..k.min(16), k / 2..k] {
+        if js.is_empty() {
+            continue;
+        }
+        let lo = a.chunk_bounds(js.start).start as usize;
+        let len = a.chunk_bounds(js.end - 1).end as usize - lo;
+        let (mut ga, mut gb) = (vec![0xA5u8; len], vec![0x5Au8; len]);
+        let mut scratch = Vec::new();
+        let took = decode_chunk_pairs((&a, &ta), (&b, &tb), js.clone(), &mut scratch, |o, x, y| {
+            let o = o as usize;
+            assert_eq!(x.len(), y.len());
+            ga[o..o + x.len()].copy_from_slice(x);
+            gb[o..o + y.len()].copy_from_slice(y);
+        })
+        .unwrap();
+        all &= took || js.len() < 7;
+        if took {
+            let ra = per_chunk_decode(&a, js.clone(), &ta);
+            let rb = per_chunk_decode(&b, js.clone(), &tb);
+            prop_assert_eq!(&ga, ra.as_ref().unwrap(), "plane a, chunks {:?}", js);
+            prop_assert_eq!(&gb, rb.as_ref().unwrap(), "plane b, chunks {:?}", js);
+        }
+    }
+    Ok(all)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+
+    #[test]
+    fn chunk_pairs_match_each_plane_decoded_alone(seed in any::<u64>(), n in 3000usize..60_000, k in 7usize..40, cut in 0usize..40, damage in 0u8..3) {
+        // An exponent-like plane and a uniform 7-bit plane, as the bf16
+        // bit-field planes are written.
+        let e = exponent_data(n, seed);
+        let mut r = Rng(seed ^ 5);
+        let m: Vec<u8> = (0..n).map(|_| (r.next() % 128) as u8).collect();
+        let (pe, pm) = (encode_method4_shared(&e, k, 16), encode_method4_uniform(&m, k, 7));
+        if damage == 0 {
+            prop_assert!(check_chunk_pairs(&pe, &pm)?, "valid planes take the paired path");
+            return Ok(());
+        }
+        // One plane's streams cut short, or overwritten with garbage: the
+        // pairs still equal each plane's own decoder.
+        let victim = if damage == 1 { &pe } else { &pm };
+        let ap = AdaptivePayload::parse(victim).unwrap();
+        let tables = ap.freq_tables().unwrap();
+        let streams: Vec<Vec<u8>> = (0..k)
+            .map(|j| {
+                let mut s = ap.chunk_payload(j).to_vec();
+                match r.next() % 3 {
+                    0 => s.truncate(s.len() - cut.min(s.len() - 16)),
+                    1 => s[16..].iter_mut().for_each(|b| *b = r.next() as u8),
+                    _ => {}
+                }
+                s
+            })
+            .collect();
+        let bad = method4_payload(n as u64, &tables, &streams);
+        if damage == 1 {
+            check_chunk_pairs(&bad, &pm)?;
+        } else {
+            check_chunk_pairs(&pe, &bad)?;
+        }
+    }
+}

@@ -44,10 +44,200 @@ struct State<const NV: usize> {
     symoff: [[i32; 16]; NV],
 }
 
+/// One group of chunks of a payload set up for the kernel: every lane's
+/// state, stream end and output place. Lanes beyond the group repeat its
+/// last chunk (their output is dropped).
+struct Lanes<'a, 'p, const NV: usize> {
+    p: &'a AdaptivePayload<'p>,
+    js: Range<usize>,
+    tables: &'a DecodeTables,
+    owners: &'a [usize],
+    st: State<NV>,
+    end: [[i32; 16]; NV],
+    /// Each chunk's first symbol, from the group's first.
+    outoff: [[usize; 16]; NV],
+    lens: [[usize; 16]; NV],
+    seeds: [[[u32; 4]; 16]; NV],
+    base: usize,
+    /// Bytes of `p.body` from `base` that lanes may read.
+    lim: usize,
+    /// Whole rounds every chunk has.
+    quads: usize,
+    mode: Mode,
+}
+
+impl<'a, 'p, const NV: usize> Lanes<'a, 'p, NV> {
+    /// `None` if the group does not suit the kernel (short chunks, bad
+    /// seeds, huge streams): the scalar decoder then does the work.
+    fn new(p: &'a AdaptivePayload<'p>, js: Range<usize>, tables: &'a DecodeTables) -> Option<Self> {
+        let g = js.len();
+        let lanes = 16 * NV;
+        debug_assert!((1..=lanes).contains(&g));
+        let lo = chunk_range(p.n, p.k, js.start).start;
+        let base = p.starts[js.start];
+        let mut st = State::<NV> {
+            x: [[[0; 16]; 4]; NV],
+            pos: [[0; 16]; NV],
+            symoff: [[0; 16]; NV],
+        };
+        let mut end = [[0i32; 16]; NV];
+        let mut outoff = [[0usize; 16]; NV];
+        let mut lens = [[0usize; 16]; NV];
+        let mut seeds = [[[0u32; 4]; 16]; NV];
+        // Each chunk's built table (chunks that repeat the previous chunk's
+        // table share it, so a block's lanes can all read one L1-resident
+        // table), as indices into `tables.t`.
+        let owners = tables
+            .owner
+            .get(js.start - tables.first..js.end - tables.first)?;
+        for c in 0..lanes {
+            let (v, i) = (c / 16, c % 16);
+            let cc = c.min(g - 1);
+            let j = js.start + cc;
+            let r = chunk_range(p.n, p.k, j);
+            lens[v][i] = (r.end - r.start) as usize;
+            outoff[v][i] = (r.start - lo) as usize;
+            if lens[v][i] < MIN_LEN {
+                return None;
+            }
+            let sd = read_seeds(p.chunk_payload(j), lens[v][i]).ok()?;
+            seeds[v][i] = sd;
+            let e = p.starts[j + 1] - base;
+            if e > (i32::MAX / 2) as usize {
+                return None;
+            }
+            st.pos[v][i] = (p.starts[j] - base + 16) as i32;
+            end[v][i] = e as i32;
+            for (xl, &seed) in st.x[v].iter_mut().zip(&sd) {
+                xl[i] = seed;
+            }
+            // Owners never decrease: offsets from the group's first table
+            // are below 16 * NV tables.
+            st.symoff[v][i] = ((owners[cc] - owners[0]) * STRIDE) as i32;
+        }
+        let quads = lens.iter().flatten().min().unwrap() / 4;
+        // No table gather when every table of the group is the same uniform
+        // one; one gather per symbol when every table is coarse; else two.
+        let tab = |c: usize| &tables.t[owners[c]];
+        let ub = tab(0).uniform_bits;
+        let mode = if ub != 0 && (0..g).all(|c| tab(c).uniform_bits == ub) {
+            Mode::Uniform(ub)
+        } else if (0..g).all(|c| tab(c).is_coarse()) {
+            Mode::Packed
+        } else {
+            Mode::Tables
+        };
+        // Lanes read up to the end of the plane's streams, not their own: a
+        // chunk that compresses to a few bytes (sparse XOR planes) would
+        // otherwise send its whole group to the scalar decoder. A valid
+        // stream never reads past its end; a lane that did (a damaged or
+        // truncated stream, where the format reads zeros instead) is
+        // decoded again by the scalar decoder ([`Self::finish`]).
+        let lim = (p.body.len() - base).min((i32::MAX / 2) as usize);
+        Some(Lanes {
+            p,
+            js,
+            tables,
+            owners,
+            st,
+            end,
+            outoff,
+            lens,
+            seeds,
+            base,
+            lim,
+            quads,
+            mode,
+        })
+    }
+
+    /// Rounds every lane can run from its position without reading past
+    /// the plane: step l of a round reads 4 bytes at pos + (at most 2l),
+    /// a round advances pos by at most 8, so b rounds read below pos + 8b
+    /// + 2.
+    fn safe(&self) -> usize {
+        (0..16 * NV)
+            .map(|c| ((self.lim as i32 - self.st.pos[c / 16][c % 16] - 2).max(0) / 8) as usize)
+            .min()
+            .unwrap()
+    }
+
+    /// Rounds the next kernel call may run after `q` rounds: at most
+    /// [`BLOCK`], the rounds left, and only safe ones.
+    fn rounds(&self, q: usize) -> usize {
+        self.safe().min(self.quads - q).min(BLOCK)
+    }
+
+    /// Runs `b` rounds (from [`Self::rounds`]) into `stage[..b]`.
+    fn run(&mut self, b: usize, stage: &mut [[[u32; 16]; NV]; BLOCK]) {
+        assert!(b <= BLOCK && b <= self.safe());
+        let tabs: *const u8 = self.tables.t[self.owners[0]..].as_ptr().cast();
+        let streams = self.p.body[self.base..self.base + self.lim].as_ptr();
+        let st = &mut self.st;
+        // SAFETY: `available()` was checked before any `Lanes` is built.
+        // Lane c's table is T = tables.t[owners[c]] (symoff = (owners[c] -
+        // owners[0]) * STRIDE from tables.t[owners[0]]). Gathers read
+        // (uniform) no table; (packed) 4 bytes at T.packed[slot / 4],
+        // inside T; or (1) 4 bytes at T.sym[slot], slot < 16384, inside T
+        // (STRIDE >= 16384 + 4, repr(C)); (2) T.fc[s], s < 256; and (3) 4
+        // bytes at streams[pos[c]..], below `lim` by `safe` (asserted).
+        unsafe {
+            match self.mode {
+                Mode::Uniform(bits) => kernel::<NV, UNIFORM>(tabs, streams, st, b, stage, bits),
+                Mode::Packed => kernel::<NV, PACKED>(tabs, streams, st, b, stage, 0),
+                Mode::Tables => kernel::<NV, TABLES>(tabs, streams, st, b, stage, 0),
+            }
+        }
+    }
+
+    /// Whether chunk c's lane read past its own stream (a damaged stream).
+    fn overran(&self, c: usize) -> bool {
+        let (v, i) = (c / 16, c % 16);
+        self.st.pos[v][i] > self.end[v][i]
+    }
+
+    /// Decodes chunk c with the scalar decoder into `out` (its symbols from
+    /// `from`, `lens - from` bytes): from where the kernel left it after
+    /// `q` rounds (`from = 4q`), or from its start if its lane overran
+    /// (`from = 0`). Returns `from`.
+    fn finish(&self, c: usize, q: usize, redo: bool, out: &mut [u8]) -> usize {
+        let (t, (v, i)) = (&self.tables.t[self.owners[c]], (c / 16, c % 16));
+        let j = self.js.start + c;
+        let payload = self.p.chunk_payload(j);
+        if redo {
+            decode_from(
+                t,
+                payload,
+                self.seeds[v][i],
+                16,
+                &mut out[..self.lens[v][i]],
+            );
+            return 0;
+        }
+        let x = [
+            self.st.x[v][0][i],
+            self.st.x[v][1][i],
+            self.st.x[v][2][i],
+            self.st.x[v][3][i],
+        ];
+        let pos = self.st.pos[v][i] as usize - (self.p.starts[j] - self.base);
+        decode_from(t, payload, x, pos, &mut out[..self.lens[v][i] - 4 * q]);
+        4 * q
+    }
+
+    fn len(&self, c: usize) -> usize {
+        self.lens[c / 16][c % 16]
+    }
+
+    fn offset(&self, c: usize) -> usize {
+        self.outoff[c / 16][c % 16]
+    }
+}
+
 /// Decode chunks `js` (1..=16*NV, covered by `tables`, `out` sized to
 /// their span) if the group suits the SIMD path; returns false, having
-/// written nothing, if it does not (short chunks, bad seeds, huge
-/// streams): the scalar decoder then does the work and reports any error.
+/// written nothing, if it does not: the scalar decoder then does the work
+/// and reports any error.
 pub(super) fn try_decode_group<const NV: usize>(
     p: &AdaptivePayload<'_>,
     js: Range<usize>,
@@ -55,143 +245,28 @@ pub(super) fn try_decode_group<const NV: usize>(
     out: &mut [u8],
 ) -> bool {
     let g = js.len();
-    let lanes = 16 * NV;
-    debug_assert!((1..=lanes).contains(&g));
-    let lo = chunk_range(p.n, p.k, js.start).start;
-    let base = p.starts[js.start];
-    let mut st = State::<NV> {
-        x: [[[0; 16]; 4]; NV],
-        pos: [[0; 16]; NV],
-        symoff: [[0; 16]; NV],
-    };
-    let mut end = [[0i32; 16]; NV];
-    let mut outoff = [[0usize; 16]; NV];
-    let mut lens = [[0usize; 16]; NV];
-    let mut seeds = [[[0u32; 4]; 16]; NV];
-    // Each chunk's built table (chunks that repeat the previous chunk's
-    // table share it, so a block's lanes can all read one L1-resident
-    // table), as indices into `tables.t`.
-    let Some(owners) = tables
-        .owner
-        .get(js.start - tables.first..js.end - tables.first)
-    else {
+    let Some(mut ln) = Lanes::<NV>::new(p, js, tables) else {
         return false;
     };
-    for c in 0..lanes {
-        let (v, i) = (c / 16, c % 16);
-        // Inactive lanes repeat the last chunk; their output is dropped.
-        let cc = c.min(g - 1);
-        let j = js.start + cc;
-        let r = chunk_range(p.n, p.k, j);
-        lens[v][i] = (r.end - r.start) as usize;
-        outoff[v][i] = (r.start - lo) as usize;
-        if lens[v][i] < MIN_LEN {
-            return false;
-        }
-        let Ok(sd) = read_seeds(p.chunk_payload(j), lens[v][i]) else {
-            return false;
-        };
-        seeds[v][i] = sd;
-        let e = p.starts[j + 1] - base;
-        if e > (i32::MAX / 2) as usize {
-            return false;
-        }
-        st.pos[v][i] = (p.starts[j] - base + 16) as i32;
-        end[v][i] = e as i32;
-        for (xl, &seed) in st.x[v].iter_mut().zip(&sd) {
-            xl[i] = seed;
-        }
-        // Owners never decrease: offsets from the group's first table are
-        // below 16 * NV tables.
-        st.symoff[v][i] = ((owners[cc] - owners[0]) * STRIDE) as i32;
-    }
-    let quads = lens.iter().flatten().min().unwrap() / 4;
-    // No table gather when every table of the group is the same uniform
-    // one; one gather per symbol when every table is coarse; else two.
-    let tab = |c: usize| &tables.t[owners[c]];
-    let ub = tab(0).uniform_bits;
-    let mode = if ub != 0 && (0..g).all(|c| tab(c).uniform_bits == ub) {
-        Mode::Uniform(ub)
-    } else if (0..g).all(|c| tab(c).is_coarse()) {
-        Mode::Packed
-    } else {
-        Mode::Tables
-    };
-    // Lanes read up to the end of the plane's streams, not their own: a
-    // chunk that compresses to a few bytes (sparse XOR planes) would
-    // otherwise send its whole group to the scalar decoder. A valid stream
-    // never reads past its end; a lane that did (a damaged or truncated
-    // stream, where the format reads zeros instead) is decoded again by
-    // the scalar decoder below.
-    let lim = (p.body.len() - base).min((i32::MAX / 2) as usize);
-    let streams = &p.body[base..base + lim];
     let mut stage = [[[0u32; 16]; NV]; BLOCK];
     let mut q = 0;
-    while q < quads {
-        // Step l of a round reads 4 bytes at pos + (at most 2l), a round
-        // advances pos by at most 8: b rounds read below pos + 8b + 2.
-        let safe = (0..lanes)
-            .map(|c| ((lim as i32 - st.pos[c / 16][c % 16] - 2).max(0) / 8) as usize)
-            .min()
-            .unwrap();
-        let b = safe.min(quads - q).min(BLOCK);
+    loop {
+        let b = ln.rounds(q);
         if b == 0 {
             break;
         }
-        // SAFETY: `available()` checked the CPU features. Lane c's table
-        // is T = tables.t[owners[c]] (symoff = (owners[c] - owners[0]) *
-        // STRIDE from tables.t[owners[0]]). Gathers read (uniform) no table; (packed) 4
-        // bytes at T.packed[slot / 4], inside T; or (1) 4 bytes at
-        // T.sym[slot], slot < 16384, inside T (STRIDE >= 16384 + 4,
-        // repr(C)); (2) T.fc[s], s < 256; and (3) 4 bytes at
-        // streams[pos[c]..], below end[c] <= streams.len() by the bound on
-        // b above.
-        unsafe {
-            match mode {
-                Mode::Uniform(bits) => kernel::<NV, UNIFORM>(
-                    tables.t[owners[0]..].as_ptr().cast(),
-                    streams.as_ptr(),
-                    &mut st,
-                    b,
-                    &mut stage,
-                    bits,
-                ),
-                Mode::Packed => kernel::<NV, PACKED>(
-                    tables.t[owners[0]..].as_ptr().cast(),
-                    streams.as_ptr(),
-                    &mut st,
-                    b,
-                    &mut stage,
-                    0,
-                ),
-                Mode::Tables => kernel::<NV, TABLES>(
-                    tables.t[owners[0]..].as_ptr().cast(),
-                    streams.as_ptr(),
-                    &mut st,
-                    b,
-                    &mut stage,
-                    0,
-                ),
-            }
-        }
+        ln.run(b, &mut stage);
         if NV == 1 && b == BLOCK {
             // A full round block of one vector: transpose it, each chunk's
             // 64 symbols one store.
-            let rows: [[u32; 16]; BLOCK] = std::array::from_fn(|t| stage[t][0]);
-            let mut cols = [[0u32; 16]; 16];
-            // SAFETY: `available()` checked the CPU features; the function
-            // reads and writes only these two local arrays.
-            unsafe { transpose16(&rows, &mut cols) };
+            let cols = columns(&stage);
             for (c, col) in cols.iter().enumerate().take(g) {
-                let o = &mut out[outoff[0][c] + 4 * q..][..4 * b];
-                for (d, w) in o.chunks_exact_mut(4).zip(col) {
-                    d.copy_from_slice(&w.to_le_bytes());
-                }
+                out[ln.offset(c) + 4 * q..][..4 * b].copy_from_slice(col);
             }
         } else {
             for c in 0..g {
                 let (v, i) = (c / 16, c % 16);
-                let o = &mut out[outoff[v][i] + 4 * q..][..4 * b];
+                let o = &mut out[ln.offset(c) + 4 * q..][..4 * b];
                 for (d, w) in o.chunks_exact_mut(4).zip(&stage[..b]) {
                     d.copy_from_slice(&w[v][i].to_le_bytes());
                 }
@@ -200,30 +275,105 @@ pub(super) fn try_decode_group<const NV: usize>(
         q += b;
     }
     for c in 0..g {
-        let (t, (v, i)) = (tab(c), (c / 16, c % 16));
-        let j = js.start + c;
-        if st.pos[v][i] > end[v][i] {
-            // Read past its own stream: start this chunk again, scalar.
-            let o = &mut out[outoff[v][i]..outoff[v][i] + lens[v][i]];
-            decode_from(t, p.chunk_payload(j), seeds[v][i], 16, o);
-            continue;
-        }
-        let x = [st.x[v][0][i], st.x[v][1][i], st.x[v][2][i], st.x[v][3][i]];
-        let pos = st.pos[v][i] as usize - (p.starts[j] - base);
-        let o = &mut out[outoff[v][i] + 4 * q..outoff[v][i] + lens[v][i]];
-        decode_from(t, p.chunk_payload(j), x, pos, o);
+        let redo = ln.overran(c);
+        let o = &mut out[ln.offset(c)..ln.offset(c) + ln.len(c)];
+        let from = if redo { 0 } else { 4 * q };
+        ln.finish(c, q, redo, &mut o[from..]);
     }
     true
 }
 
-/// `cols[c][t] = rows[t][c]` for a 16 x 16 matrix of u32: 32-bit and
-/// 64-bit interleaves within 128-bit lanes, then a 4 x 4 transpose of the
-/// lanes.
+/// A full stage of one vector, transposed: chunk c's 64 symbols of the
+/// [`BLOCK`] rounds in order.
+fn columns<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK]) -> [[u8; 64]; 16] {
+    let rows: [[u32; 16]; BLOCK] = std::array::from_fn(|t| stage[t][0]);
+    let mut cols = [[0u8; 64]; 16];
+    // SAFETY: `available()` was checked before any stage was filled; the
+    // function reads and writes only these two local arrays.
+    unsafe { transpose16(&rows, &mut cols) };
+    cols
+}
+
+/// Decodes chunks `js` of two payloads with the same chunking (`a` and
+/// `b` have equal `n` and `k`; the bit-field planes of one frame) in lock
+/// step, handing the symbols of both to `sink(offset, a_symbols,
+/// b_symbols)`, where `offset` counts symbols from the group's first and
+/// both slices have the same length. Together the calls cover every symbol
+/// of the group once, except that a chunk may be handed again, whole,
+/// after a damaged stream (its last call wins). Returns false, having
+/// called nothing, if the group does not suit the SIMD path. `scratch`
+/// holds chunk tails.
+pub(super) fn try_decode_pair<F: FnMut(usize, &[u8], &[u8])>(
+    a: (&AdaptivePayload<'_>, &DecodeTables),
+    b: (&AdaptivePayload<'_>, &DecodeTables),
+    js: Range<usize>,
+    scratch: &mut Vec<u8>,
+    mut sink: F,
+) -> bool {
+    let g = js.len();
+    if a.0.n != b.0.n || a.0.k != b.0.k || !(1..=16).contains(&g) {
+        return false;
+    }
+    let (Some(mut la), Some(mut lb)) = (
+        Lanes::<1>::new(a.0, js.clone(), a.1),
+        Lanes::<1>::new(b.0, js, b.1),
+    ) else {
+        return false;
+    };
+    let (mut sa, mut sb) = ([[[0u32; 16]; 1]; BLOCK], [[[0u32; 16]; 1]; BLOCK]);
+    let mut q = 0;
+    loop {
+        let r = la.rounds(q).min(lb.rounds(q));
+        if r == 0 {
+            break;
+        }
+        la.run(r, &mut sa);
+        lb.run(r, &mut sb);
+        if r == BLOCK {
+            let (ca, cb) = (columns(&sa), columns(&sb));
+            for c in 0..g {
+                sink(la.offset(c) + 4 * q, &ca[c], &cb[c]);
+            }
+        } else {
+            for c in 0..g {
+                let col = |s: &[[[u32; 16]; 1]; BLOCK]| -> [u8; 64] {
+                    let mut o = [0u8; 64];
+                    for (d, w) in o.chunks_exact_mut(4).zip(&s[..r]) {
+                        d.copy_from_slice(&w[0][c].to_le_bytes());
+                    }
+                    o
+                };
+                let (ca, cb) = (col(&sa), col(&sb));
+                sink(la.offset(c) + 4 * q, &ca[..4 * r], &cb[..4 * r]);
+            }
+        }
+        q += r;
+    }
+    let longest = (0..g).map(|c| la.len(c)).max().unwrap_or(0);
+    if scratch.len() < 2 * longest {
+        scratch.resize(2 * longest, 0);
+    }
+    let (ta, tb) = scratch.split_at_mut(longest);
+    for c in 0..g {
+        // A damaged lane in either plane: both chunks again from the
+        // start, so that the pair handed over is consistent.
+        let redo = la.overran(c) || lb.overran(c);
+        let from = la.finish(c, q, redo, ta);
+        lb.finish(c, q, redo, tb);
+        let n = la.len(c) - from;
+        sink(la.offset(c) + from, &ta[..n], &tb[..n]);
+    }
+    true
+}
+
+/// `cols[c][4t..4t + 4] = rows[t][c]` (little-endian) for a 16 x 16
+/// matrix of u32: 32-bit and 64-bit interleaves within 128-bit lanes, then
+/// a 4 x 4 transpose of the lanes.
 ///
 /// # Safety
 /// AVX-512F available.
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose16(rows: &[[u32; 16]; 16], cols: &mut [[u32; 16]; 16]) {
+unsafe fn transpose16(rows: &[[u32; 16]; 16], cols: &mut [[u8; 64]; 16]) {
     // SAFETY: every load and store is of one whole 64-byte row of the two
     // arrays.
     unsafe {
@@ -451,12 +601,13 @@ mod tests {
         );
         let rows: [[u32; 16]; 16] =
             std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
-        let mut cols = [[0u32; 16]; 16];
+        let mut cols = [[0u8; 64]; 16];
         // SAFETY: checked above.
         unsafe { super::transpose16(&rows, &mut cols) };
         for t in 0..16 {
             for c in 0..16 {
-                assert_eq!(cols[c][t], rows[t][c], "[{c}][{t}]");
+                let got = u32::from_le_bytes(cols[c][4 * t..4 * t + 4].try_into().unwrap());
+                assert_eq!(got, rows[t][c], "[{c}][{t}]");
             }
         }
     }

@@ -50,7 +50,8 @@ mod test_util;
 
 pub use crate::format::plane::{AdaptivePayload, CHUNK_GROUP};
 pub use adaptive::{
-    decode_method4, encode_method4, encode_method4_shared, encode_method4_uniform, DecodeTables,
+    decode_chunk_pairs, decode_method4, encode_method4, encode_method4_shared,
+    encode_method4_uniform, DecodeTables,
 };
 pub use model::{histogram, normalize_freqs, normalize_freqs_to};
 pub use order0::{
