@@ -247,17 +247,22 @@ impl CheckpointFs {
         if let Some(range) = ahead {
             self.prefetch(h, range);
         }
-        let fetch = |k: BlockKey| -> Result<Arc<Vec<u8>>> {
+        // A block's bytes handed to a read are counted, so that a block read
+        // whole (now in the kernel's page cache) is evicted first.
+        let fetch = |k: BlockKey, within: &Range<u64>| -> Result<Arc<Vec<u8>>> {
             let key = CacheKey {
                 generation: h.generation,
                 block: k,
             };
-            self.cache
+            let b = self
+                .cache
                 .get_or_load(key, || archive.decode_block(k))
                 .map_err(|e| match e {
                     FetchError::Load(e) => FsError::Decode(e),
                     FetchError::Panicked => FsError::DecodePanicked,
-                })
+                })?;
+            self.cache.served(&key, within.end - within.start);
+            Ok(b)
         };
         let range = offset..offset + n;
         let result = archive
@@ -268,7 +273,7 @@ impl CheckpointFs {
                 // The common case: the read lies inside one block.
                 [p] => match p.source {
                     PieceSource::Block(k) => Ok(ReadData::Shared(
-                        fetch(k)?,
+                        fetch(k, &p.within)?,
                         p.within.start as usize..p.within.end as usize,
                     )),
                     PieceSource::Prefix => Ok(ReadData::Owned(
@@ -284,7 +289,9 @@ impl CheckpointFs {
                             PieceSource::Prefix => {
                                 buf.extend_from_slice(&archive.prefix(*file)?[within])
                             }
-                            PieceSource::Block(k) => buf.extend_from_slice(&fetch(k)?[within]),
+                            PieceSource::Block(k) => {
+                                buf.extend_from_slice(&fetch(k, &p.within)?[within])
+                            }
                         }
                     }
                     Ok(ReadData::Owned(buf))
