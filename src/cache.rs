@@ -124,15 +124,25 @@ impl<E> Inner<E> {
         if let Some((_, b)) = self.served.pop_lru() {
             self.bytes -= b.len() as u64;
             self.served_bytes -= b.len() as u64;
+            recycle(b);
             return true;
         }
         match self.lru.pop_lru() {
             Some((_, e)) => {
                 self.bytes -= e.block.len() as u64;
+                recycle(e.block);
                 true
             }
             None => false,
         }
+    }
+}
+
+/// An evicted block's buffer goes back to the decoders unless a reader
+/// still holds it.
+fn recycle(b: Block) {
+    if let Ok(v) = Arc::try_unwrap(b) {
+        crate::codec::buffers::recycle(v);
     }
 }
 
@@ -274,6 +284,7 @@ impl<E> BlockCache<E> {
                 Some((_, b)) => {
                     inner.bytes -= b.len() as u64;
                     inner.served_bytes -= b.len() as u64;
+                    recycle(b);
                 }
                 None => break,
             }

@@ -224,8 +224,15 @@ pub(crate) fn decode_frame_block(
     };
     let span = grid.span(b);
     // The grid bounds every span by MAX_BLOCK_BYTES; memory may still be
-    // short, which fails this block only.
-    let mut out = crate::codec::zeroed(span.end - span.start, "a block")?;
+    // short, which fails this block only. Element decoding writes every
+    // byte of its output (planes joined element by element, the tail
+    // copied), so it may take a recycled buffer; whole-frame decoders
+    // (sparse frames scatter into zeros) get a zeroed one.
+    let len = span.end - span.start;
+    let mut out = match &access {
+        None => crate::codec::zeroed(len, "a block")?,
+        Some(_) => crate::codec::buffers::take(len, "a block")?,
+    };
     match &access {
         None => frame.decode(&mut out)?,
         Some(access) => {

@@ -15,6 +15,7 @@
 //! here; payload headers are read with `format::cursor::Cursor`.
 
 pub mod blxd;
+pub mod buffers;
 pub mod frame;
 #[cfg(target_arch = "x86_64")]
 mod join_avx512;

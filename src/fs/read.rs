@@ -34,11 +34,13 @@ fn unit_start_in(a: &dyn archive::ArchiveView, file: usize, range: Range<u64>) -
     segs.get(k).map(|s| s.start).filter(|&s| s < range.end)
 }
 
-/// The bytes of one read: owned, or a range of a decoded block shared with
-/// the cache (no copy).
+/// The bytes of one read: owned, a range of a decoded block shared with
+/// the cache (no copy), or pieces of several blocks assembled in this
+/// thread's reply buffer.
 pub enum ReadData {
     Owned(Vec<u8>),
     Shared(Arc<Vec<u8>>, Range<usize>),
+    Assembled(Assembled),
 }
 
 impl ReadData {
@@ -46,6 +48,40 @@ impl ReadData {
         match self {
             ReadData::Owned(v) => v,
             ReadData::Shared(b, r) => b[r].to_vec(),
+            ReadData::Assembled(mut a) => std::mem::take(&mut a.0),
+        }
+    }
+}
+
+/// Reply buffers larger than this are not kept for the thread's next read.
+const REPLY_KEEP: usize = 4 << 20;
+
+thread_local! {
+    static REPLY: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A reply assembled from several pieces in a per-thread buffer that goes
+/// back to the thread when the reply is dropped. A 1 MiB kernel request
+/// nearly always spans two blocks (blocks follow tensor elements, requests
+/// follow file offsets); a new buffer for each cost an allocation and cold
+/// cache lines on top of the copy.
+pub struct Assembled(Vec<u8>);
+
+impl Assembled {
+    fn with_capacity(n: usize) -> Assembled {
+        let mut v = REPLY.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        v.clear();
+        v.reserve(n);
+        Assembled(v)
+    }
+}
+
+impl Drop for Assembled {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        if v.capacity() > 0 && v.capacity() <= REPLY_KEEP {
+            // `try_with`: a reply dropped while the thread exits is freed.
+            let _ = REPLY.try_with(|r| *r.borrow_mut() = v);
         }
     }
 }
@@ -56,6 +92,7 @@ impl std::ops::Deref for ReadData {
         match self {
             ReadData::Owned(v) => v,
             ReadData::Shared(b, r) => &b[r.clone()],
+            ReadData::Assembled(a) => &a.0,
         }
     }
 }
@@ -282,7 +319,8 @@ impl CheckpointFs {
                     )),
                 },
                 pieces => {
-                    let mut buf = Vec::with_capacity(n as usize);
+                    let mut asm = Assembled::with_capacity(n as usize);
+                    let buf = &mut asm.0;
                     for p in pieces {
                         let within = p.within.start as usize..p.within.end as usize;
                         match p.source {
@@ -294,7 +332,7 @@ impl CheckpointFs {
                             }
                         }
                     }
-                    Ok(ReadData::Owned(buf))
+                    Ok(ReadData::Assembled(asm))
                 }
             });
         if let Err(err) = &result {
