@@ -77,6 +77,23 @@ impl Backing {
         }
     }
 
+    /// True when bytes `ranges` need no fetch (always, unless remote).
+    pub fn has_all(&self, ranges: &[Range<u64>]) -> bool {
+        match self {
+            Backing::Remote(_, r) => r.has_all(ranges),
+            _ => true,
+        }
+    }
+
+    /// True when bytes `ranges` are present or being fetched (always,
+    /// unless remote).
+    pub fn has_or_fetching(&self, ranges: &[Range<u64>]) -> bool {
+        match self {
+            Backing::Remote(_, r) => r.has_or_fetching(ranges),
+            _ => true,
+        }
+    }
+
     pub fn is_remote(&self) -> bool {
         matches!(self, Backing::Remote(..))
     }

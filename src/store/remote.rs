@@ -226,6 +226,26 @@ impl RemoteFile {
         self.st.lock().present.clone()
     }
 
+    /// True when every byte of `ranges` is present in the mirror.
+    pub fn has_all(&self, ranges: &[Range<u64>]) -> bool {
+        let st = self.st.lock();
+        ranges.iter().all(|r| {
+            st.present
+                .contains(r.start.min(self.size)..r.end.min(self.size))
+        })
+    }
+
+    /// True when every byte of `ranges` is present or being fetched.
+    pub fn has_or_fetching(&self, ranges: &[Range<u64>]) -> bool {
+        let st = self.st.lock();
+        ranges.iter().all(|r| {
+            st.present
+                .missing(r.start.min(self.size)..r.end.min(self.size))
+                .into_iter()
+                .all(|m| st.inflight.contains(m))
+        })
+    }
+
     pub fn is_complete(&self) -> bool {
         self.st.lock().present.contains(0..self.size)
     }
