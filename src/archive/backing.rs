@@ -94,6 +94,15 @@ impl Backing {
         }
     }
 
+    /// Bytes a sequential reader may fetch ahead at once (a share of the
+    /// disk cache's limit; unbounded unless remote).
+    pub fn read_ahead_room(&self) -> u64 {
+        match self {
+            Backing::Remote(_, r) => r.read_ahead_room(),
+            _ => u64::MAX,
+        }
+    }
+
     pub fn is_remote(&self) -> bool {
         matches!(self, Backing::Remote(..))
     }

@@ -568,25 +568,36 @@ impl ArchiveView for ZstnArchive {
         };
         // Sequential read-ahead: a missing block whose predecessor is here
         // or on its way belongs to a reader going through the frame in
-        // order (the mount decodes several blocks ahead at once): the whole
-        // window of READ_AHEAD_BLOCKS blocks around it is fetched with it,
-        // one coalesced GET per plane. Windows are aligned, so concurrent
-        // decodes of one window ask for the same bytes and the remote file
-        // fetches them once. A random read (its predecessor absent)
-        // fetches its block only.
+        // order (the mount decodes several blocks ahead at once): the
+        // missing blocks of the window of READ_AHEAD_BLOCKS blocks around
+        // it are fetched with it, one coalesced GET per plane, as many as
+        // fit in the read-ahead room the disk cache allows (more would be
+        // given back before they are read). Windows are aligned, so
+        // concurrent decodes of one window ask for the same bytes and the
+        // remote file fetches them once. A random read (its predecessor
+        // absent) fetches its block only.
         let sequential = b > 0
             && !self.map.has_all(&payload)
             && block_ranges(bytes, &grid, b - 1)
                 .is_some_and(|prev| self.map.has_or_fetching(&in_file(&frame, &prev)));
         let mut ahead = Vec::new();
         if sequential {
+            let len = |rs: &[Range<u64>]| rs.iter().map(|r| r.end - r.start).sum::<u64>();
+            let mut room = self.map.read_ahead_room().saturating_sub(len(&payload));
             let w0 = b / READ_AHEAD_BLOCKS * READ_AHEAD_BLOCKS;
             for nb in (w0..grid.blocks()).take(READ_AHEAD_BLOCKS) {
-                if nb != b {
-                    if let Some(rs) = block_ranges(bytes, &grid, nb) {
-                        ahead.extend(in_file(&frame, &rs));
-                    }
+                let Some(rs) = block_ranges(bytes, &grid, nb) else {
+                    continue;
+                };
+                let rs = in_file(&frame, &rs);
+                if nb == b || self.map.has_or_fetching(&rs) {
+                    continue;
                 }
+                if len(&rs) > room {
+                    break;
+                }
+                room -= len(&rs);
+                ahead.extend(rs);
             }
         }
         // Fetched together (one coalesced run per plane) and kept while

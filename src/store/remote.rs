@@ -234,6 +234,13 @@ impl RemoteFile {
         self.st.lock().present.covered()
     }
 
+    /// Bytes a sequential reader may have fetched ahead of what it reads
+    /// at once: a quarter of the disk cache's limit, so that blocks
+    /// fetched ahead are not given back before they are read.
+    pub fn read_ahead_room(&self) -> u64 {
+        self.budget.limit() / 4
+    }
+
     /// The byte ranges held locally.
     pub fn present(&self) -> RangeSet {
         self.st.lock().present.clone()
