@@ -417,6 +417,25 @@ fn a_small_read_of_a_large_tensor_fetches_about_one_block() {
 }
 
 #[test]
+fn a_sequential_read_fetches_blocks_ahead_in_few_requests() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (m, orig, _) = one_large_tensor(&server, "sequential", &dir.path().join("cache"));
+    server.reset();
+    // The whole file, in order (32 blocks of 1 MiB, three planes each).
+    let got = std::fs::read(m.path("w.safetensors")).unwrap();
+    assert!(got == orig, "the sequential read is exact");
+    let (gets, bytes) = server.gets();
+    eprintln!("sequential read of a 32-block tensor: {gets} GETs, {bytes} bytes");
+    // Fetched block by block, each plane of each block would be a GET of
+    // its own (about 3 x 32); read ahead, a plane costs one GET per 8 MiB.
+    assert!(
+        gets <= 40,
+        "a sequential read of 32 blocks took {gets} GETs"
+    );
+}
+
+#[test]
 fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
     const LIMIT: u64 = 4 << 20;
     let limit_arg = LIMIT.to_string();

@@ -77,6 +77,32 @@ impl Backing {
         }
     }
 
+    /// True when bytes `ranges` need no fetch (always, unless remote).
+    pub fn has_all(&self, ranges: &[Range<u64>]) -> bool {
+        match self {
+            Backing::Remote(_, r) => r.has_all(ranges),
+            _ => true,
+        }
+    }
+
+    /// True when bytes `ranges` are present or being fetched (always,
+    /// unless remote).
+    pub fn has_or_fetching(&self, ranges: &[Range<u64>]) -> bool {
+        match self {
+            Backing::Remote(_, r) => r.has_or_fetching(ranges),
+            _ => true,
+        }
+    }
+
+    /// Bytes a sequential reader may fetch ahead at once (a share of the
+    /// disk cache's limit; unbounded unless remote).
+    pub fn read_ahead_room(&self) -> u64 {
+        match self {
+            Backing::Remote(_, r) => r.read_ahead_room(),
+            _ => u64::MAX,
+        }
+    }
+
     pub fn is_remote(&self) -> bool {
         matches!(self, Backing::Remote(..))
     }

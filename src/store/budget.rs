@@ -20,11 +20,22 @@
 //! files in use allow it: bytes in use are never given back, and the limit
 //! can be exceeded while they alone are larger.
 //!
+//! The estimate of a mirror file is checked against what the file system
+//! says it occupies (`st_blocks`, [`Evict::allocated`]) after every change
+//! the budget hears of, and what the file occupies beyond the estimate is
+//! charged too (the file's *slack*). It is not a rounding error: ext4 keeps
+//! an extent tree block (a page) allocated for a file that once had more
+//! than four extents after holes punched in it bring it back under four, so
+//! the extent count of the moment does not tell what the map occupies. The
+//! measurement is taken under this module's lock, after the change, so the
+//! last one of a file describes its final state.
+//!
 //! [`Budget::enforce`] gives back the oldest entries until the total is at
 //! or under the limit, asking each file through [`Evict`] (which refuses a
-//! range in use). Nothing here does I/O; the files do. Lock order: this
-//! module's lock is never held while a file is called, and a file never
-//! calls in here while holding its own lock.
+//! range in use). Nothing here does I/O but the `fstat` of a measurement;
+//! the files do. Lock order: this module's lock is never held while a file
+//! is called (but for [`Evict::allocated`], which takes no lock), and a
+//! file never calls in here while holding its own lock.
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +60,10 @@ pub trait Evict: Send + Sync {
     /// Gives back (drops from the cache and frees on disk) each of
     /// `ranges` that is not in use; returns those given back.
     fn evict(&self, ranges: &[(Range<u64>, Kind)]) -> Vec<Range<u64>>;
+
+    /// Bytes the file occupies on disk now (its `st_blocks`), None if
+    /// unknown. Called with the budget's lock held: it must take no lock.
+    fn allocated(&self) -> Option<u64>;
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +77,9 @@ struct File {
     evict: Weak<dyn Evict>,
     /// By start; disjoint.
     entries: BTreeMap<u64, Entry>,
+    /// What the file system allocated for the file beyond its estimate
+    /// (entries and extent map), at its last measurement; charged.
+    slack: u64,
 }
 
 #[derive(Default)]
@@ -140,13 +158,52 @@ impl Budget {
 
     /// What a file of `n` entries costs beyond its bytes: its state file
     /// (about 48 bytes an entry), and the file system's map of a file
-    /// with holes (ext4: a block for every 340 extents beyond the 4 an
-    /// inode holds), in whole pages.
+    /// with holes ([`Self::map_cost`]), in whole pages.
     fn overhead(&self, n: usize) -> u64 {
+        let state = (256 + 48 * n as u64).div_ceil(self.page);
+        state * self.page + self.map_cost(n)
+    }
+
+    /// The estimated extent map of a mirror file of `n` entries (ext4: a
+    /// block for every 340 extents beyond the 4 an inode holds).
+    fn map_cost(&self, n: usize) -> u64 {
         let n = n as u64;
-        let state = (256 + 48 * n).div_ceil(self.page);
-        let map = if n > 4 { n.div_ceil(256) } else { 0 };
-        (state + map) * self.page
+        if n > 4 {
+            n.div_ceil(256) * self.page
+        } else {
+            0
+        }
+    }
+
+    /// Re-estimates file `id`'s slack from `allocated` (its `st_blocks`
+    /// now; None leaves it as it was), charging the difference.
+    fn settle(&self, g: &mut Inner, id: u64, allocated: Option<u64>) {
+        let Some(alloc) = allocated else {
+            return;
+        };
+        let Some(f) = g.files.get_mut(&id) else {
+            return;
+        };
+        let estimate: u64 = f.entries.iter().map(|(s, e)| self.cost(*s, e)).sum::<u64>()
+            + self.map_cost(f.entries.len());
+        let slack = alloc.saturating_sub(estimate);
+        let old = std::mem::replace(&mut f.slack, slack);
+        if slack != old {
+            log::debug!(
+                "disk cache: file {id} occupies {alloc} bytes, {slack} beyond the estimate"
+            );
+        }
+        g.used = g.used + slack - old;
+    }
+
+    /// Measures file `id` (`allocated` is its [`Evict::allocated`]) after
+    /// a change of its bytes on disk, and charges what it occupies beyond
+    /// the estimate.
+    pub fn measure(&self, id: u64, allocated: impl FnOnce() -> Option<u64>) {
+        let mut g = self.inner.lock();
+        if g.files.contains_key(&id) {
+            self.settle(&mut g, id, allocated());
+        }
     }
 
     /// Starts accounting a file; `last_use` is the tick of its last use in
@@ -163,6 +220,7 @@ impl Budget {
             File {
                 evict,
                 entries: BTreeMap::new(),
+                slack: 0,
             },
         );
         id
@@ -175,7 +233,7 @@ impl Budget {
         let Some(f) = g.files.remove(&id) else {
             return;
         };
-        let mut freed = self.overhead(f.entries.len());
+        let mut freed = self.overhead(f.entries.len()) + f.slack;
         for (s, e) in &f.entries {
             g.order.remove(&(e.tick, id, *s));
             freed += self.cost(*s, e);
@@ -262,9 +320,10 @@ impl Budget {
     }
 
     /// Before `bytes` are fetched: gives back what keeps them from fitting
-    /// under the limit (so the limit holds while they are written, too).
+    /// under the limit, with a page for a block of the file's extent map
+    /// they may need (so the limit holds while they are written, too).
     pub fn make_room(&self, bytes: u64) {
-        self.enforce_to(self.limit.saturating_sub(bytes));
+        self.enforce_to(self.limit.saturating_sub(bytes + self.page));
     }
 
     fn enforce_to(&self, target: u64) -> u64 {
@@ -316,7 +375,8 @@ impl Budget {
                 }
             };
             let (id, evict) = file;
-            let given = match evict.upgrade() {
+            let live = evict.upgrade();
+            let given = match &live {
                 Some(f) => f.evict(&victims),
                 // The file is gone: nothing of it is in use.
                 None => victims.iter().map(|v| v.0.clone()).collect(),
@@ -324,6 +384,11 @@ impl Budget {
             let mut g = self.inner.lock();
             for r in &given {
                 remove_in(&mut g, self, id, r.clone());
+            }
+            if !given.is_empty() {
+                if let Some(f) = &live {
+                    self.settle(&mut g, id, f.allocated());
+                }
             }
             for (r, _) in &victims {
                 if !given.contains(r) {
@@ -388,6 +453,8 @@ mod tests {
         busy: Vec<Range<u64>>,
         meta_ok: bool,
         given: Mutex<Vec<Range<u64>>>,
+        /// What the file occupies on disk (None: unknown).
+        alloc: Mutex<Option<u64>>,
     }
 
     impl Evict for Fake {
@@ -403,6 +470,10 @@ mod tests {
             self.given.lock().extend(out.iter().cloned());
             out
         }
+
+        fn allocated(&self) -> Option<u64> {
+            *self.alloc.lock()
+        }
     }
 
     fn fake(busy: Vec<Range<u64>>, meta_ok: bool) -> Arc<Fake> {
@@ -410,6 +481,7 @@ mod tests {
             busy,
             meta_ok,
             given: Mutex::new(Vec::new()),
+            alloc: Mutex::new(None),
         })
     }
 
@@ -449,6 +521,34 @@ mod tests {
         assert_eq!(b.used(), before - 4096);
         b.detach(id);
         assert_eq!(b.used(), BASE_PAGES * 4096);
+    }
+
+    #[test]
+    fn what_the_file_system_allocates_beyond_the_estimate_is_charged() {
+        const P: u64 = 4096;
+        let b = Budget::new(4 * M, P);
+        let f = fake(vec![], false);
+        let id = b.attach(Arc::downgrade(&(f.clone() as Arc<dyn Evict>)), 0);
+        // Four entries (no extent map estimated) that fill the limit.
+        let base = b.used();
+        b.added(id, &[0..M, 2 * M..3 * M], Kind::Block, None);
+        b.added(id, &[4 * M..6 * M - base], Kind::Block, None);
+        assert_eq!(b.enforce(), 4 * M);
+        assert!(f.given.lock().is_empty());
+        // The file system says a page more (an extent tree block kept from
+        // when the file had more extents): it is charged, and the oldest
+        // entry is given back to get under the limit again.
+        *f.alloc.lock() = Some(4 * M - base + P);
+        b.measure(id, || f.allocated());
+        assert_eq!(b.used(), 4 * M + P);
+        *f.alloc.lock() = Some(3 * M - base + P);
+        assert_eq!(b.enforce(), 3 * M + P);
+        assert_eq!(f.given.lock()[..], [0..M]);
+        // A measurement at or under the estimate charges nothing more.
+        b.measure(id, || Some(0));
+        assert_eq!(b.used(), 3 * M);
+        b.detach(id);
+        assert_eq!(b.used(), BASE_PAGES * P);
     }
 
     #[test]

@@ -96,6 +96,10 @@ pub struct RemoteFile {
     budget: Arc<Budget>,
     /// This file's id in `budget`.
     id: u64,
+    /// Bytes (in whole pages) being fetched into the mirror file and not
+    /// yet accounted in `budget`: what a measurement of the file's
+    /// allocation must not take for the file system's own overhead.
+    unaccounted: AtomicU64,
 }
 
 /// Bytes fetched from the server by this process (for tests and logs).
@@ -144,11 +148,19 @@ impl RemoteFile {
                 cv: Condvar::new(),
                 budget: budget.clone(),
                 id: budget.attach(me, last_use),
+                unaccounted: AtomicU64::new(0),
             }
         });
         let tick = (last_use > 0).then_some(last_use);
         budget.added(r.id, &held, Kind::Block, tick);
+        r.measure();
         Ok(r)
+    }
+
+    /// Tells the disk cache what the mirror file occupies now (after a
+    /// change of its bytes on disk).
+    fn measure(&self) {
+        self.budget.measure(self.id, || self.allocated());
     }
 
     /// Frees on disk the bytes of the mirror file that no range holds
@@ -158,19 +170,20 @@ impl RemoteFile {
         for m in st.present.missing(0..self.size) {
             self.punch(&st.present, m);
         }
+        drop(st);
+        self.measure();
     }
 
     /// Frees the pages of bytes `r` (no longer present) that hold no
     /// present byte. A file system that cannot punch holes keeps them
-    /// (logged once per file): the limit is then not kept on disk.
+    /// (logged once per file): the limit is then not kept on disk. The
+    /// last page of a file whose size is not a whole number of pages is
+    /// punched whole (past the end: the size is kept), else the file
+    /// system would only zero it and keep its block.
     fn punch(&self, present: &RangeSet, r: Range<u64>) {
         let page = self.budget.page();
         let down = r.start / page * page;
-        let up = r
-            .end
-            .div_ceil(page)
-            .saturating_mul(page)
-            .min(self.size.max(r.end));
+        let up = r.end.div_ceil(page).saturating_mul(page);
         let holds = |x: Range<u64>| x.start < x.end && present.missing(x.clone()) != [x];
         let a = if holds(down..r.start) {
             r.start.div_ceil(page) * page
@@ -221,9 +234,36 @@ impl RemoteFile {
         self.st.lock().present.covered()
     }
 
+    /// Bytes a sequential reader may have fetched ahead of what it reads
+    /// at once: a quarter of the disk cache's limit, so that blocks
+    /// fetched ahead are not given back before they are read.
+    pub fn read_ahead_room(&self) -> u64 {
+        self.budget.limit() / 4
+    }
+
     /// The byte ranges held locally.
     pub fn present(&self) -> RangeSet {
         self.st.lock().present.clone()
+    }
+
+    /// True when every byte of `ranges` is present in the mirror.
+    pub fn has_all(&self, ranges: &[Range<u64>]) -> bool {
+        let st = self.st.lock();
+        ranges.iter().all(|r| {
+            st.present
+                .contains(r.start.min(self.size)..r.end.min(self.size))
+        })
+    }
+
+    /// True when every byte of `ranges` is present or being fetched.
+    pub fn has_or_fetching(&self, ranges: &[Range<u64>]) -> bool {
+        let st = self.st.lock();
+        ranges.iter().all(|r| {
+            st.present
+                .missing(r.start.min(self.size)..r.end.min(self.size))
+                .into_iter()
+                .all(|m| st.inflight.contains(m))
+        })
     }
 
     pub fn is_complete(&self) -> bool {
@@ -298,8 +338,13 @@ impl RemoteFile {
                 }
                 mine
             };
-            // Room for the bytes and their partial pages.
             let page = self.budget.page();
+            let pages: u64 = mine
+                .iter()
+                .map(|r| (r.end.div_ceil(page) - r.start / page) * page)
+                .sum();
+            self.unaccounted.fetch_add(pages, Ordering::Relaxed);
+            // Room for the bytes and their partial pages.
             let want: u64 = mine.iter().map(|r| r.end - r.start + 2 * page).sum();
             self.budget.make_room(want);
             let r = self.fetch(&mine);
@@ -308,19 +353,37 @@ impl RemoteFile {
                 for m in &mine {
                     st.inflight.remove(m.clone());
                 }
-                if r.is_ok() {
-                    for m in &mine {
-                        st.present.insert(m.clone());
+                match &r {
+                    Ok(()) => {
+                        for m in &mine {
+                            st.present.insert(m.clone());
+                        }
+                    }
+                    // What the failed fetch wrote is not held: freed (but
+                    // for pages shared with bytes held or being fetched),
+                    // so it never occupies the cache unaccounted.
+                    Err(_) => {
+                        let mut keep = st.present.clone();
+                        for r in st.inflight.ranges() {
+                            keep.insert(r.clone());
+                        }
+                        for m in &mine {
+                            self.punch(&keep, m.clone());
+                        }
                     }
                 }
             }
             self.cv.notify_all();
             if let Err(e) = r {
+                self.unaccounted.fetch_sub(pages, Ordering::Relaxed);
+                self.measure();
                 log::warn!("{e}");
                 return Err(e);
             }
             self.persist();
             self.budget.added(self.id, &mine, kind, None);
+            self.unaccounted.fetch_sub(pages, Ordering::Relaxed);
+            self.measure();
             self.budget.enforce();
         }
     }
@@ -456,6 +519,15 @@ impl Evict for RemoteFile {
             self.punch(&st.present, r.clone());
         }
         give
+    }
+
+    /// The mirror file's `st_blocks` in bytes (an `fstat`, no lock), less
+    /// the pages of fetches in progress (not yet accounted: counted once
+    /// they are).
+    fn allocated(&self) -> Option<u64> {
+        let m = self.file.metadata().ok()?;
+        let busy = self.unaccounted.load(Ordering::Relaxed);
+        Some((m.blocks() * 512).saturating_sub(busy))
     }
 }
 
