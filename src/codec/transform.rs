@@ -274,24 +274,34 @@ fn bf16_join(sign: &[u8], sign_bit: usize, exp: &[u8], mant: &[u8], out: &mut [u
 pub fn sign_masks(sign: &[u8], sign_bit: usize, n: usize, masks: &mut Vec<u64>) {
     // Eight sign bytes from byte i, each bit-reversed (element order).
     let load = |i: usize| -> u64 {
-        let mut b = [0u8; 8];
-        if let Some(s) = sign.get(i..) {
-            let k = s.len().min(8);
-            b[..k].copy_from_slice(&s[..k]);
-        }
-        u64::from_le_bytes(b).reverse_bits().swap_bytes()
+        let w = match sign.get(i..i + 8) {
+            Some(s) => u64::from_le_bytes(s.try_into().expect("8 bytes")),
+            None => {
+                let mut b = [0u8; 8];
+                if let Some(s) = sign.get(i..) {
+                    b[..s.len()].copy_from_slice(s);
+                }
+                u64::from_le_bytes(b)
+            }
+        };
+        w.reverse_bits().swap_bytes()
     };
     let sh = sign_bit % 8;
     let words = n.div_ceil(64);
     masks.clear();
-    masks.extend((0..words).map(|w| {
-        let i = sign_bit / 8 + 8 * w;
+    masks.reserve(words);
+    let first = sign_bit / 8;
+    let mut cur = load(first);
+    for w in 0..words {
         if sh == 0 {
-            load(i)
+            masks.push(cur);
+            cur = load(first + 8 * (w + 1));
         } else {
-            (load(i) >> sh) | (load(i + 8) << (64 - sh))
+            let next = load(first + 8 * (w + 1));
+            masks.push((cur >> sh) | (next << (64 - sh)));
+            cur = next;
         }
-    }));
+    }
 }
 
 /// bf16 join whose sign bits come from [`sign_masks`]: element i of `out`
@@ -579,6 +589,51 @@ mod tests {
         assert_eq!(planes.len(), 3);
         assert_eq!(BitfieldSpec::by_name(b"bfloat16"), Some(BFLOAT16));
         assert_eq!(BitfieldSpec::by_name(b"bf16"), None);
+    }
+
+    #[test]
+    fn masked_bf16_join_matches_the_bit_field_join_at_every_offset() {
+        let n = 700;
+        let body: Vec<u8> = (0..2 * n)
+            .map(|i| {
+                (i as u64)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .rotate_left(29) as u8
+            })
+            .collect();
+        let planes = bitfield_split(BFLOAT16, &body);
+        let mut masks = Vec::new();
+        for a in 0..20 {
+            for b in [a, a + 1, a + 63, a + 64, a + 65, a + 200, n] {
+                let b = b.min(n).max(a);
+                sign_masks(&planes[0][a / 8..], a % 8, b - a, &mut masks);
+                assert_eq!(masks.len(), (b - a).div_ceil(64));
+                for i in 0..b - a {
+                    let bit = a + i;
+                    let want = (planes[0][bit / 8] >> (7 - bit % 8)) & 1;
+                    assert_eq!(
+                        (masks[i / 64] >> (i % 64)) & 1,
+                        u64::from(want),
+                        "[{a}, {b}) {i}"
+                    );
+                }
+                // Runs of any length from any element of the range.
+                for first in [0, 1, 31, 33] {
+                    if first > b - a {
+                        continue;
+                    }
+                    let mut out = vec![0u8; 2 * (b - a - first)];
+                    bf16_join_masked(
+                        &masks,
+                        first,
+                        &planes[1][a + first..b],
+                        &planes[2][a + first..b],
+                        &mut out,
+                    );
+                    assert_eq!(out, body[2 * (a + first)..2 * b], "[{a}, {b}) from {first}");
+                }
+            }
+        }
     }
 
     #[test]
