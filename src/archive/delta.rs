@@ -716,9 +716,9 @@ impl ArchiveView for DeltaArchive {
         // The full content digest, whatever the fingerprint says, and what
         // z4ai checks: BLAKE2b-8 of the base's data buffer, BLAKE2b-16 of
         // each DELTA record's base tensor.
-        use blake2::digest::{Update, VariableOutput};
+        use crate::format::z4digest::Z4Digest;
         let mut x = Xxh3::new();
-        let mut b8 = blake2::Blake2bVar::new(8).expect("length 8");
+        let mut b8 = Z4Digest::base_data();
         let start = if self.base.len() >= 8 {
             let mut h8 = [0u8; 8];
             self.base.read_exact(0, &mut h8)?;
@@ -739,14 +739,12 @@ impl ArchiveView for DeltaArchive {
                     .into(),
             ));
         }
-        let mut d8 = [0u8; 8];
-        b8.finalize_variable(&mut d8).expect("length 8");
-        if d8 != self.head.base_data_digest {
+        if b8.finish() != self.head.base_data_digest {
             return Err(self.base_error("the Z4DM's BLAKE2b digest of the base differs".into()));
         }
         for (r, u) in self.records.iter().zip(&self.units) {
             if let (DeltaKind::Delta, Some((_, want))) = (r.kind, r.reference) {
-                let mut h = blake2::Blake2bVar::new(16).expect("length 16");
+                let mut h = Z4Digest::reference();
                 let mut pos = 0;
                 let mut buf = vec![0u8; (u.len.min(16 << 20)) as usize];
                 while pos < u.len {
@@ -755,9 +753,7 @@ impl ArchiveView for DeltaArchive {
                     h.update(&buf[..n]);
                     pos += n as u64;
                 }
-                let mut d = [0u8; 16];
-                h.finalize_variable(&mut d).expect("length 16");
-                if d != want {
+                if h.finish() != want {
                     return Err(self.base_error(format!(
                         "tensor {:?}: the Z4DL's BLAKE2b digest of the base tensor differs",
                         r.name

@@ -26,7 +26,7 @@ use crate::format::delta::{
     self, render_head, render_record_head, DeltaKind, Trailer, UnitEntry, COPY_BLOCK,
 };
 use crate::format::safetensors::{self, Dtype, TensorEntry};
-use blake2::digest::{Update, VariableOutput};
+use crate::format::z4digest::{base_data_digest, reference_digest};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
@@ -53,15 +53,6 @@ pub struct DeltaStats {
     pub full: usize,
     pub raw_bytes: u64,
     pub stored_bytes: u64,
-}
-
-/// BLAKE2b with output length `N` (z4ai's `hashlib.blake2b(digest_size=N)`).
-pub fn blake2b<const N: usize>(data: &[u8]) -> [u8; N] {
-    let mut h = blake2::Blake2bVar::new(N).expect("BLAKE2b output length in 1..=64");
-    h.update(data);
-    let mut out = [0u8; N];
-    h.finalize_variable(&mut out).expect("output length N");
-    out
 }
 
 /// One encoded record, ready to write.
@@ -129,17 +120,13 @@ fn encode(
     if f.as_ref()
         .is_none_or(|f| d.len() + delta::Z4DL_HEADER < f.len())
     {
-        // Block digests cover the target bytes each block serves.
-        let mut unit = digests(&d, &xor)?;
-        let mut start = 0usize;
-        for blk in &mut unit.blocks {
-            blk.data = xxh3_64(&raw[start..blk.end as usize]);
-            start = blk.end as usize;
-        }
+        // Block digests cover the target bytes each block serves (the
+        // frame decodes to the XOR, of the same length and block grid).
+        let unit = digests(&d, raw)?;
         Ok(Encoded {
             kind: DeltaKind::Delta,
             frame: d,
-            reference: Some((b.len() as u64, blake2b::<16>(b))),
+            reference: Some((b.len() as u64, reference_digest(b))),
             unit,
         })
     } else {
@@ -286,7 +273,7 @@ pub fn pack_delta(
             Some(_) => window()?,
             None => {
                 let ((b8, xxh), done) =
-                    rayon::join(|| (blake2b::<8>(bdata), xxh3_64(base.bytes)), window);
+                    rayon::join(|| (base_data_digest(bdata), xxh3_64(base.bytes)), window);
                 let head = render_head(&header.raw, data.len() as u64, b8, order.len() as u32);
                 out.write_all(&head)?;
                 offset = head.len() as u64;
