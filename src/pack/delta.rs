@@ -26,7 +26,7 @@ use crate::format::delta::{
     self, render_head, render_record_head, DeltaKind, Trailer, UnitEntry, COPY_BLOCK,
 };
 use crate::format::safetensors::{self, Dtype, TensorEntry};
-use crate::format::z4digest::{base_data_digest, reference_digest};
+use crate::format::z4digest::base_and_reference_digests;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
@@ -59,7 +59,8 @@ pub struct DeltaStats {
 struct Encoded {
     kind: DeltaKind,
     frame: Vec<u8>,
-    reference: Option<(u64, [u8; 16])>,
+    /// DELTA: the base tensor's length (its digest is added when written).
+    reference: Option<u64>,
     unit: UnitDigests,
 }
 
@@ -126,7 +127,7 @@ fn encode(
         Ok(Encoded {
             kind: DeltaKind::Delta,
             frame: d,
-            reference: Some((b.len() as u64, reference_digest(b))),
+            reference: Some(b.len() as u64),
             unit,
         })
     } else {
@@ -248,7 +249,18 @@ pub fn pack_delta(
     // The base's whole-content digests (z4ai's BLAKE2b of its data buffer
     // for the head, xxh3 for the trailer) are serial passes: they run
     // beside the first window's encoding, and the head is written after.
+    // The BLAKE2b of every base tensor a DELTA may need (matched, and not
+    // equal) runs in the same pass, in the SIMD lanes beside the long one.
     let mut base_digests: Option<(u64, u64)> = None;
+    let candidates: Vec<(usize, &[u8])> = order
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let b = matched(t)?;
+            (b != &data[t.begin as usize..t.end as usize]).then_some((i, b))
+        })
+        .collect();
+    let mut ref_digests: HashMap<usize, [u8; 16]> = HashMap::new();
     let mut offset = 0u64;
     let mut i = 0;
     loop {
@@ -272,8 +284,15 @@ pub fn pack_delta(
         let done = match base_digests {
             Some(_) => window()?,
             None => {
-                let ((b8, xxh), done) =
-                    rayon::join(|| (base_data_digest(bdata), xxh3_64(base.bytes)), window);
+                let ((b8, refs, xxh), done) = rayon::join(
+                    || {
+                        let bases: Vec<&[u8]> = candidates.iter().map(|c| c.1).collect();
+                        let (b8, refs) = base_and_reference_digests(bdata, &bases);
+                        (b8, refs, xxh3_64(base.bytes))
+                    },
+                    window,
+                );
+                ref_digests = candidates.iter().map(|c| c.0).zip(refs).collect();
                 let head = render_head(&header.raw, data.len() as u64, b8, order.len() as u32);
                 out.write_all(&head)?;
                 offset = head.len() as u64;
@@ -281,14 +300,23 @@ pub fn pack_delta(
                 done?
             }
         };
-        for (t, e) in order[i..j].iter().zip(done) {
+        for (k, (t, e)) in order[i..j].iter().zip(done).enumerate() {
+            let reference = match e.reference {
+                Some(len) => {
+                    let d = ref_digests.get(&(i + k)).ok_or_else(|| {
+                        PackError::Internal(format!("tensor {:?}: no base digest", t.name))
+                    })?;
+                    Some((len, *d))
+                }
+                None => None,
+            };
             let rh = render_record_head(
                 &t.name,
                 t.begin,
                 t.end,
                 e.kind,
                 e.frame.len() as u64,
-                e.reference,
+                reference,
             );
             out.write_all(&rh)?;
             out.write_all(&e.frame)?;
