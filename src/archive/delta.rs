@@ -662,7 +662,10 @@ impl ArchiveView for DeltaArchive {
                     out
                 }
                 DeltaKind::Delta => {
-                    self.check_base()?;
+                    // The XOR block first: it needs no base, so a decoder
+                    // that finds the base check running (one hash of the
+                    // whole base, on the first read) waits only for what
+                    // is left of it.
                     let mut out = decode_unit_block(self, key, frame)?;
                     if out.len() as u64 != span.end - span.start {
                         return Err(self.unit_integrity(
@@ -670,6 +673,7 @@ impl ArchiveView for DeltaArchive {
                             format!("block {b} decodes to {} bytes", out.len()),
                         ));
                     }
+                    self.check_base()?;
                     self.base.xor_into(u.base_offset + span.start, &mut out)?;
                     out
                 }
