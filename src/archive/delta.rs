@@ -28,6 +28,10 @@
 //! recorded, or else the xxh3 of its whole presented content equals the
 //! recorded digest (a plain `.safetensors` base, or a base re-encoded
 //! since). `verify` always does the full check, and z4ai's BLAKE2b digests.
+//! The check runs in `check_range`, which every path that serves bytes
+//! calls first; a block decoder waits for it only if no other thread is
+//! running it (each block is checked against its own digest anyway), so
+//! the mount decodes blocks ahead while the first read checks the base.
 
 use super::frame_block::{
     damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
@@ -43,6 +47,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -288,6 +293,8 @@ pub struct DeltaArchive {
     base: Base,
     /// Passed once: the base is the one packed against.
     base_ok: OnceLock<std::result::Result<(), String>>,
+    /// Set when a thread starts the check (it may still be running).
+    base_check_started: AtomicBool,
     fingerprint: u64,
 }
 
@@ -484,6 +491,7 @@ impl DeltaArchive {
             segments,
             base,
             base_ok: OnceLock::new(),
+            base_check_started: AtomicBool::new(false),
             fingerprint,
         })
     }
@@ -521,6 +529,7 @@ impl DeltaArchive {
     /// module doc): its fingerprint, or else the digest of its content.
     pub fn check_base(&self) -> Result<()> {
         let r = self.base_ok.get_or_init(|| {
+            self.base_check_started.store(true, Ordering::Release);
             if self.trailer.base_fingerprint != 0
                 && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
             {
@@ -529,6 +538,21 @@ impl DeltaArchive {
             self.full_base_check().map_err(|e| e.reason())
         });
         r.clone().map_err(|what| self.integrity(what))
+    }
+
+    /// [`Self::check_base`] for a block decoder: its result once known;
+    /// while another thread runs it, no wait. Every block is checked
+    /// against the digest of the target bytes it serves, so a wrong base
+    /// still gives an error, never wrong bytes, and nothing is served
+    /// before the check passes: every path that serves bytes calls
+    /// `check_range` first (the mount's reads, `read_with`, `write_to`).
+    /// So the first read's check (one read of the whole base) overlaps
+    /// with decoding the blocks the mount prefetches meanwhile.
+    fn check_base_for_block(&self) -> Result<()> {
+        if self.base_ok.get().is_none() && self.base_check_started.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.check_base()
     }
 
     /// The xxh3 of the base's whole presented content against the
@@ -655,17 +679,13 @@ impl ArchiveView for DeltaArchive {
             Ok(match u.kind {
                 DeltaKind::Full => decode_unit_block(self, key, frame)?,
                 DeltaKind::Copy => {
-                    self.check_base()?;
+                    self.check_base_for_block()?;
                     let mut out = crate::codec::zeroed(span.end - span.start, "a block")
                         .map_err(|e| self.frame_error(key.unit, e))?;
                     self.base.read_exact(u.base_offset + span.start, &mut out)?;
                     out
                 }
                 DeltaKind::Delta => {
-                    // The XOR block first: it needs no base, so a decoder
-                    // that finds the base check running (one hash of the
-                    // whole base, on the first read) waits only for what
-                    // is left of it.
                     let mut out = decode_unit_block(self, key, frame)?;
                     if out.len() as u64 != span.end - span.start {
                         return Err(self.unit_integrity(
@@ -673,7 +693,7 @@ impl ArchiveView for DeltaArchive {
                             format!("block {b} decodes to {} bytes", out.len()),
                         ));
                     }
-                    self.check_base()?;
+                    self.check_base_for_block()?;
                     self.base.xor_into(u.base_offset + span.start, &mut out)?;
                     out
                 }
@@ -715,6 +735,9 @@ impl ArchiveView for DeltaArchive {
             self.check_base()?;
         }
         Ok(())
+    }
+    fn check_pending(&self) -> bool {
+        self.base_ok.get().is_none() && self.units.iter().any(|u| u.kind != DeltaKind::Full)
     }
     fn verify_structure(&self) -> Result<()> {
         // The full content digest, whatever the fingerprint says, and what
