@@ -322,3 +322,63 @@ fn a_damaged_base_never_serves_wrong_bytes() {
         }
     }
 }
+
+#[test]
+fn blocks_decoded_while_the_base_is_checked_are_exact_or_errors() {
+    // Block decoders do not wait for a base check another thread is
+    // running (the mount decodes ahead meanwhile): what they return must
+    // still be the target's bytes or an error, and the check must fail.
+    let (d, target) = setup(3, 1 << 13);
+    let p = |n: &str| d.path().join(n);
+    let delta = p("t.z4dm");
+    ok(&[
+        "pack",
+        s(&p("target.safetensors")),
+        "--base",
+        s(&p("base.safetensors")),
+        "-o",
+        s(&delta),
+    ]);
+    let a = ckptfs::archive::open(&delta).unwrap();
+    assert!(a.check_pending(), "not checked before the first data read");
+    a.check_range(0, 0..a.logical_len(0)).unwrap();
+    assert!(!a.check_pending());
+
+    // Another base of the same layout, with other values.
+    let (other, _) = delta_pair(8, 3, 1 << 13);
+    assert_eq!(
+        other.len() as u64,
+        std::fs::metadata(p("base.safetensors")).unwrap().len()
+    );
+    std::fs::write(p("base.safetensors"), &other).unwrap();
+    for _ in 0..4 {
+        let a = ckptfs::archive::open(&delta).unwrap();
+        let keys = ckptfs::archive::blocks_of(&*a, 0).unwrap();
+        let at = |k: ckptfs::archive::BlockKey| {
+            let seg = a.segments(0).iter().find(|s| s.unit == k.unit).unwrap();
+            let span = a.grid(k.unit).unwrap().span(k.block as usize);
+            (seg.start + span.start) as usize..(seg.start + span.end) as usize
+        };
+        let served = std::thread::scope(|sc| {
+            let checker = sc.spawn(|| a.check_range(0, 0..a.logical_len(0)));
+            let decoders: Vec<_> = keys
+                .chunks(keys.len().div_ceil(3))
+                .map(|part| {
+                    sc.spawn(|| {
+                        part.iter()
+                            .filter_map(|&k| a.decode_block(k).ok().map(|b| (k, b)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            assert!(checker.join().unwrap().is_err(), "a different base passed");
+            decoders
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        for (k, b) in served {
+            assert_eq!(b, target[at(k)], "block {k:?} decoded to wrong bytes");
+        }
+    }
+}

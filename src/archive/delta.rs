@@ -28,6 +28,10 @@
 //! recorded, or else the xxh3 of its whole presented content equals the
 //! recorded digest (a plain `.safetensors` base, or a base re-encoded
 //! since). `verify` always does the full check, and z4ai's BLAKE2b digests.
+//! The check runs in `check_range`, which every path that serves bytes
+//! calls first; a block decoder waits for it only if no other thread is
+//! running it (each block is checked against its own digest anyway), so
+//! the mount decodes blocks ahead while the first read checks the base.
 
 use super::frame_block::{
     damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
@@ -43,6 +47,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -288,6 +293,8 @@ pub struct DeltaArchive {
     base: Base,
     /// Passed once: the base is the one packed against.
     base_ok: OnceLock<std::result::Result<(), String>>,
+    /// Set when a thread starts the check (it may still be running).
+    base_check_started: AtomicBool,
     fingerprint: u64,
 }
 
@@ -484,6 +491,7 @@ impl DeltaArchive {
             segments,
             base,
             base_ok: OnceLock::new(),
+            base_check_started: AtomicBool::new(false),
             fingerprint,
         })
     }
@@ -521,6 +529,7 @@ impl DeltaArchive {
     /// module doc): its fingerprint, or else the digest of its content.
     pub fn check_base(&self) -> Result<()> {
         let r = self.base_ok.get_or_init(|| {
+            self.base_check_started.store(true, Ordering::Release);
             if self.trailer.base_fingerprint != 0
                 && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
             {
@@ -529,6 +538,21 @@ impl DeltaArchive {
             self.full_base_check().map_err(|e| e.reason())
         });
         r.clone().map_err(|what| self.integrity(what))
+    }
+
+    /// [`Self::check_base`] for a block decoder: its result once known;
+    /// while another thread runs it, no wait. Every block is checked
+    /// against the digest of the target bytes it serves, so a wrong base
+    /// still gives an error, never wrong bytes, and nothing is served
+    /// before the check passes: every path that serves bytes calls
+    /// `check_range` first (the mount's reads, `read_with`, `write_to`).
+    /// So the first read's check (one read of the whole base) overlaps
+    /// with decoding the blocks the mount prefetches meanwhile.
+    fn check_base_for_block(&self) -> Result<()> {
+        if self.base_ok.get().is_none() && self.base_check_started.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.check_base()
     }
 
     /// The xxh3 of the base's whole presented content against the
@@ -655,14 +679,13 @@ impl ArchiveView for DeltaArchive {
             Ok(match u.kind {
                 DeltaKind::Full => decode_unit_block(self, key, frame)?,
                 DeltaKind::Copy => {
-                    self.check_base()?;
+                    self.check_base_for_block()?;
                     let mut out = crate::codec::zeroed(span.end - span.start, "a block")
                         .map_err(|e| self.frame_error(key.unit, e))?;
                     self.base.read_exact(u.base_offset + span.start, &mut out)?;
                     out
                 }
                 DeltaKind::Delta => {
-                    self.check_base()?;
                     let mut out = decode_unit_block(self, key, frame)?;
                     if out.len() as u64 != span.end - span.start {
                         return Err(self.unit_integrity(
@@ -670,6 +693,7 @@ impl ArchiveView for DeltaArchive {
                             format!("block {b} decodes to {} bytes", out.len()),
                         ));
                     }
+                    self.check_base_for_block()?;
                     self.base.xor_into(u.base_offset + span.start, &mut out)?;
                     out
                 }
@@ -712,13 +736,16 @@ impl ArchiveView for DeltaArchive {
         }
         Ok(())
     }
+    fn check_pending(&self) -> bool {
+        self.base_ok.get().is_none() && self.units.iter().any(|u| u.kind != DeltaKind::Full)
+    }
     fn verify_structure(&self) -> Result<()> {
         // The full content digest, whatever the fingerprint says, and what
         // z4ai checks: BLAKE2b-8 of the base's data buffer, BLAKE2b-16 of
         // each DELTA record's base tensor.
-        use blake2::digest::{Update, VariableOutput};
+        use crate::format::z4digest::Z4Digest;
         let mut x = Xxh3::new();
-        let mut b8 = blake2::Blake2bVar::new(8).expect("length 8");
+        let mut b8 = Z4Digest::base_data();
         let start = if self.base.len() >= 8 {
             let mut h8 = [0u8; 8];
             self.base.read_exact(0, &mut h8)?;
@@ -739,14 +766,12 @@ impl ArchiveView for DeltaArchive {
                     .into(),
             ));
         }
-        let mut d8 = [0u8; 8];
-        b8.finalize_variable(&mut d8).expect("length 8");
-        if d8 != self.head.base_data_digest {
+        if b8.finish() != self.head.base_data_digest {
             return Err(self.base_error("the Z4DM's BLAKE2b digest of the base differs".into()));
         }
         for (r, u) in self.records.iter().zip(&self.units) {
             if let (DeltaKind::Delta, Some((_, want))) = (r.kind, r.reference) {
-                let mut h = blake2::Blake2bVar::new(16).expect("length 16");
+                let mut h = Z4Digest::reference();
                 let mut pos = 0;
                 let mut buf = vec![0u8; (u.len.min(16 << 20)) as usize];
                 while pos < u.len {
@@ -755,9 +780,7 @@ impl ArchiveView for DeltaArchive {
                     h.update(&buf[..n]);
                     pos += n as u64;
                 }
-                let mut d = [0u8; 16];
-                h.finalize_variable(&mut d).expect("length 16");
-                if d != want {
+                if h.finish() != want {
                     return Err(self.base_error(format!(
                         "tensor {:?}: the Z4DL's BLAKE2b digest of the base tensor differs",
                         r.name

@@ -238,6 +238,14 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
     fn check_range(&self, _file: usize, _range: Range<u64>) -> Result<()> {
         Ok(())
     }
+    /// True while [`ArchiveView::check_range`] may still have a long
+    /// one-time check to run or finish (a delta's check of its base, which
+    /// reads the whole base). Blocks decode meanwhile (each is checked
+    /// against its own digest; nothing is served before the check passes),
+    /// so the mount prefetches a wider window for the check to overlap.
+    fn check_pending(&self) -> bool {
+        false
+    }
     /// Kind-specific checks of `verify` that come before any block is
     /// decoded (structure that names a file or tensor).
     fn verify_structure(&self) -> Result<()>;

@@ -55,17 +55,25 @@ pub fn byteplane_join(planes: &[&[u8]], out: &mut [u8]) -> Result<()> {
     }
     match w {
         1 => out.copy_from_slice(planes[0]),
+        // Whole words built from the plane bytes: the form the compiler
+        // vectorises (indexing four planes per byte did not, and was a
+        // tenth of reading an f32 delta).
         2 => {
             let (a, b) = (planes[0], planes[1]);
             for ((o, &x), &y) in out.chunks_exact_mut(2).zip(a).zip(b) {
-                o[0] = x;
-                o[1] = y;
+                let v = u16::from(x) | u16::from(y) << 8;
+                o.copy_from_slice(&v.to_le_bytes());
             }
         }
         4 => {
             let (a, b, c, d) = (planes[0], planes[1], planes[2], planes[3]);
-            for (i, o) in out.chunks_exact_mut(4).enumerate() {
-                o.copy_from_slice(&[a[i], b[i], c[i], d[i]]);
+            for ((o, (&x, &y)), (&z, &t)) in out
+                .chunks_exact_mut(4)
+                .zip(a.iter().zip(b))
+                .zip(c.iter().zip(d))
+            {
+                let v = u32::from(x) | u32::from(y) << 8 | u32::from(z) << 16 | u32::from(t) << 24;
+                o.copy_from_slice(&v.to_le_bytes());
             }
         }
         _ => {

@@ -8,7 +8,10 @@
 //! once; a block that fails to decode answers EIO for the reads that need
 //! it, only. Each handle detects sequential reads ([`super::prefetch`]
 //! decides the window) and the blocks ahead are decoded in parallel on the
-//! rayon pool. No lock is held while decoding.
+//! rayon pool. No lock is held while decoding. An archive whose first data
+//! read runs a long one-time check (`ArchiveView::check_pending`: a delta
+//! reading its whole base) gets one window of `policy.max` prefetched
+//! before that check, so the check overlaps with decoding.
 //!
 //! A plain or staged file is opened as a plain handle: the adapter may pass
 //! it through to the kernel, else its reads are `pread`s here. Opening for
@@ -283,6 +286,12 @@ impl CheckpointFs {
         };
         if let Some(range) = ahead {
             self.prefetch(h, range);
+        }
+        if offset + n > archive.prefix_len(*file) && archive.check_pending() {
+            // The check below may take a while (a delta reads its whole
+            // base once, at its first read past the header): decode the
+            // next window meanwhile, once per archive, random reads too.
+            self.prefetch(h, offset..len.min(offset + self.policy.max));
         }
         // A block's bytes handed to a read are counted, so that a block read
         // whole (now in the kernel's page cache) is evicted first.

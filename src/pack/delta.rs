@@ -26,7 +26,7 @@ use crate::format::delta::{
     self, render_head, render_record_head, DeltaKind, Trailer, UnitEntry, COPY_BLOCK,
 };
 use crate::format::safetensors::{self, Dtype, TensorEntry};
-use blake2::digest::{Update, VariableOutput};
+use crate::format::z4digest::base_and_reference_digests;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
@@ -55,20 +55,12 @@ pub struct DeltaStats {
     pub stored_bytes: u64,
 }
 
-/// BLAKE2b with output length `N` (z4ai's `hashlib.blake2b(digest_size=N)`).
-pub fn blake2b<const N: usize>(data: &[u8]) -> [u8; N] {
-    let mut h = blake2::Blake2bVar::new(N).expect("BLAKE2b output length in 1..=64");
-    h.update(data);
-    let mut out = [0u8; N];
-    h.finalize_variable(&mut out).expect("output length N");
-    out
-}
-
 /// One encoded record, ready to write.
 struct Encoded {
     kind: DeltaKind,
     frame: Vec<u8>,
-    reference: Option<(u64, [u8; 16])>,
+    /// DELTA: the base tensor's length (its digest is added when written).
+    reference: Option<u64>,
     unit: UnitDigests,
 }
 
@@ -129,17 +121,13 @@ fn encode(
     if f.as_ref()
         .is_none_or(|f| d.len() + delta::Z4DL_HEADER < f.len())
     {
-        // Block digests cover the target bytes each block serves.
-        let mut unit = digests(&d, &xor)?;
-        let mut start = 0usize;
-        for blk in &mut unit.blocks {
-            blk.data = xxh3_64(&raw[start..blk.end as usize]);
-            start = blk.end as usize;
-        }
+        // Block digests cover the target bytes each block serves (the
+        // frame decodes to the XOR, of the same length and block grid).
+        let unit = digests(&d, raw)?;
         Ok(Encoded {
             kind: DeltaKind::Delta,
             frame: d,
-            reference: Some((b.len() as u64, blake2b::<16>(b))),
+            reference: Some(b.len() as u64),
             unit,
         })
     } else {
@@ -261,7 +249,18 @@ pub fn pack_delta(
     // The base's whole-content digests (z4ai's BLAKE2b of its data buffer
     // for the head, xxh3 for the trailer) are serial passes: they run
     // beside the first window's encoding, and the head is written after.
+    // The BLAKE2b of every base tensor a DELTA may need (matched, and not
+    // equal) runs in the same pass, in the SIMD lanes beside the long one.
     let mut base_digests: Option<(u64, u64)> = None;
+    let candidates: Vec<(usize, &[u8])> = order
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let b = matched(t)?;
+            (b != &data[t.begin as usize..t.end as usize]).then_some((i, b))
+        })
+        .collect();
+    let mut ref_digests: HashMap<usize, [u8; 16]> = HashMap::new();
     let mut offset = 0u64;
     let mut i = 0;
     loop {
@@ -285,8 +284,15 @@ pub fn pack_delta(
         let done = match base_digests {
             Some(_) => window()?,
             None => {
-                let ((b8, xxh), done) =
-                    rayon::join(|| (blake2b::<8>(bdata), xxh3_64(base.bytes)), window);
+                let ((b8, refs, xxh), done) = rayon::join(
+                    || {
+                        let bases: Vec<&[u8]> = candidates.iter().map(|c| c.1).collect();
+                        let (b8, refs) = base_and_reference_digests(bdata, &bases);
+                        (b8, refs, xxh3_64(base.bytes))
+                    },
+                    window,
+                );
+                ref_digests = candidates.iter().map(|c| c.0).zip(refs).collect();
                 let head = render_head(&header.raw, data.len() as u64, b8, order.len() as u32);
                 out.write_all(&head)?;
                 offset = head.len() as u64;
@@ -294,14 +300,23 @@ pub fn pack_delta(
                 done?
             }
         };
-        for (t, e) in order[i..j].iter().zip(done) {
+        for (k, (t, e)) in order[i..j].iter().zip(done).enumerate() {
+            let reference = match e.reference {
+                Some(len) => {
+                    let d = ref_digests.get(&(i + k)).ok_or_else(|| {
+                        PackError::Internal(format!("tensor {:?}: no base digest", t.name))
+                    })?;
+                    Some((len, *d))
+                }
+                None => None,
+            };
             let rh = render_record_head(
                 &t.name,
                 t.begin,
                 t.end,
                 e.kind,
                 e.frame.len() as u64,
-                e.reference,
+                reference,
             );
             out.write_all(&rh)?;
             out.write_all(&e.frame)?;

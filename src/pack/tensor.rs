@@ -66,10 +66,10 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
 /// Compresses the XOR of a tensor with its base (a DELTA record's frame).
 /// Mostly zero with small low-order differences, so the bit-field frame's
 /// stored sign plane (1/16 of a bf16 tensor) would dominate: float XORs go
-/// in byte-plane frames (every plane rANS or stored) or opaque zstd,
-/// whichever is smaller; zstd is tried only where it can win: below 64 KiB
-/// (rANS tables cost more there) or where the byte planes compress 8x
-/// (long zero runs, which LZ codes better).
+/// in byte-plane frames ([`xor_byteplane_frame`]) or opaque zstd, whichever
+/// is smaller; zstd is tried only where it can win: below 64 KiB (rANS
+/// tables cost more there) or where the byte planes compress 8x (long zero
+/// runs, which LZ codes better).
 /// Same block grids as [`encode_tensor`].
 pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8> {
     let w = match dtype {
@@ -79,7 +79,7 @@ pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8
         Some(Dtype::F64) => 8,
         _ => return opaque_frame(xor, opts),
     };
-    let p = byteplane_frame(xor, w);
+    let p = xor_byteplane_frame(xor, w, opts.level);
     if xor.len() <= 64 << 10 || p.len() < xor.len() / 8 {
         let o = opaque_frame(xor, opts);
         if o.len() < p.len() {
@@ -87,6 +87,63 @@ pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8
         }
     }
     p
+}
+
+/// An XOR as a byte-plane frame made to decode fast: the decoder's cost
+/// is per symbol, and most symbols of an XOR are zeros.
+/// - Blocks divide the element count (as bit-field frames do), so rANS
+///   chunks and zstd blocks share their boundaries. Each block has up to
+///   16 rANS chunks of at least 16 Ki symbols sharing one table, so small
+///   tensors (a 384x384 projection: 9 chunks, not 2) take the AVX-512
+///   decoder, which needs 7 chunks at once, and it reads one table.
+/// - A plane whose order-0 entropy is under one bit per symbol (the high
+///   bytes of a training step, every byte of an embedding whose rows mostly
+///   did not move) also tries zstd blocks, and keeps them unless they cost
+///   more than 1/256 bit per symbol over rANS: LZ skips a run of zeros in
+///   one match, where rANS decodes each zero. On the bf16 embedding of
+///   `scripts/bench-delta.sh`'s step 0->1 zstd is also the smaller. rANS
+///   is not run when zstd is already within that margin of the entropy
+///   (which no rANS plane beats), which saves packing time.
+///
+/// Element counts without such a divisor keep [`byteplane_frame`].
+fn xor_byteplane_frame(raw: &[u8], w: usize, level: i32) -> Vec<u8> {
+    let n = raw.len() / w;
+    let Some(b) = dividing_chunks(n, block_elems(w)) else {
+        return byteplane_frame(raw, w);
+    };
+    let planes = split_planes(raw, w);
+    let k = rans_chunks(n, b);
+    let outs: Vec<PlaneOut> = planes
+        .par_iter()
+        .map(|p| {
+            let slack = p.len() / 2048;
+            // Order-0 entropy per block: no rANS plane is smaller, so zstd
+            // within the slack of it is kept without running rANS at all.
+            let entropy = if estimate_o0_bytes(p) < p.len() as f64 / 8.0 {
+                p.chunks(n / b).map(o0_bytes).sum::<f64>()
+            } else {
+                f64::INFINITY
+            };
+            if entropy >= p.len() as f64 / 8.0 {
+                return encode_plane(p, k, k / b);
+            }
+            let z = PlaneOut {
+                method: plane::ZSTD_BLOCKS,
+                orig_len: p.len() as u64,
+                payload: encode_zstd_blocks(p, n / b, level),
+            };
+            if z.payload.len() as f64 <= entropy + slack as f64 {
+                return z;
+            }
+            let r = encode_plane(p, k, k / b);
+            if r.method != plane::STORE && z.payload.len() <= r.payload.len() + slack {
+                z
+            } else {
+                r
+            }
+        })
+        .collect();
+    render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
 }
 
 /// Elements per block for an element size.
@@ -132,8 +189,13 @@ fn estimate_o0_bytes(data: &[u8]) -> f64 {
     } else {
         data
     };
-    let hist = rans::histogram(sample);
-    let n = sample.len() as f64;
+    o0_bytes(sample) * (data.len() as f64 / sample.len().max(1) as f64)
+}
+
+/// Order-0 entropy of `data` in bytes.
+fn o0_bytes(data: &[u8]) -> f64 {
+    let hist = rans::histogram(data);
+    let n = data.len() as f64;
     let bits: f64 = hist
         .iter()
         .filter(|&&c| c > 0)
@@ -142,7 +204,7 @@ fn estimate_o0_bytes(data: &[u8]) -> f64 {
             -(c as f64) * p.log2()
         })
         .sum();
-    bits / 8.0 * (data.len() as f64 / n)
+    bits / 8.0
 }
 
 /// Smallest rANS chunk worth its frequency table.
@@ -286,7 +348,16 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
 
 fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     let n = raw.len() / w;
-    let tail = &raw[n * w..];
+    let planes = split_planes(raw, w);
+    let k = chunks_for(n, w);
+    let outs: Vec<PlaneOut> = planes.par_iter().map(|p| encode_plane(p, k, 1)).collect();
+    render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
+}
+
+/// The `w` byte planes of `raw`'s whole elements, split block by block in
+/// parallel.
+fn split_planes(raw: &[u8], w: usize) -> Vec<Vec<u8>> {
+    let n = raw.len() / w;
     let e = block_elems(w);
     let mut planes: Vec<Vec<u8>> = (0..w).map(|_| vec![0u8; n]).collect();
     {
@@ -310,9 +381,7 @@ fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
             transform::byteplane_split_into(&raw[a..b], &mut parts);
         });
     }
-    let k = chunks_for(n, w);
-    let outs: Vec<PlaneOut> = planes.par_iter().map(|p| encode_plane(p, k, 1)).collect();
-    render_z4ai(Transform::BytePlane(w as u8), tail, &outs)
+    planes
 }
 
 pub(super) fn opaque_frame(raw: &[u8], opts: PackOptions) -> Vec<u8> {
@@ -475,6 +544,82 @@ mod tests {
         let mut out = vec![0u8; raw.len()];
         Frame::parse(&frame).unwrap().decode(&mut out).unwrap();
         assert_eq!(out, raw);
+    }
+
+    /// The XOR of `weights(n)` with a copy where every `stride`-th element
+    /// moved in its low four bits.
+    fn sparse_xor(n: usize, stride: usize) -> Vec<u8> {
+        let a = weights(n);
+        let mut b = a.clone();
+        for (i, e) in b.chunks_exact_mut(2).step_by(stride).enumerate() {
+            e[0] ^= 1 + (i * 7 % 15) as u8;
+        }
+        a.iter().zip(&b).map(|(x, y)| x ^ y).collect()
+    }
+
+    fn planes_of(frame: &[u8]) -> Vec<(u8, usize)> {
+        let Frame::Z4ai(f) = Frame::parse(frame).unwrap() else {
+            panic!("not a Z4AI frame");
+        };
+        f.planes
+            .iter()
+            .map(|p| {
+                let chunks = match p.method {
+                    plane::RANS_ADAPT => AdaptivePayload::parse(p.payload).unwrap().chunks(),
+                    _ => 0,
+                };
+                (p.method, chunks)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_small_xor_has_enough_rans_chunks_for_the_simd_decoder() {
+        // A 384x384 bf16 projection, half of its low bytes changed (more
+        // than a bit a symbol: no zstd): one block, 9 chunks of 16 Ki
+        // symbols sharing one table.
+        let n = 384 * 384;
+        let xor = sparse_xor(n, 2);
+        let frame = xor_byteplane_frame(&xor, 2, 3);
+        let planes = planes_of(&frame);
+        assert_eq!(planes[0], (plane::RANS_ADAPT, 9));
+        let Frame::Z4ai(f) = Frame::parse(&frame).unwrap() else {
+            unreachable!()
+        };
+        let t = AdaptivePayload::parse(f.planes[0].payload)
+            .unwrap()
+            .freq_tables()
+            .unwrap();
+        assert!(t.iter().all(|x| x == &t[0]), "one table per block");
+        let mut out = vec![0u8; xor.len()];
+        Frame::parse(&frame).unwrap().decode(&mut out).unwrap();
+        assert_eq!(out, xor);
+    }
+
+    #[test]
+    fn mostly_zero_xor_planes_go_to_zstd_blocks_one_per_block() {
+        // 4 blocks of 512 Ki elements; one element in 500 changed: both
+        // planes are mostly zeros.
+        let n = 4 << 19;
+        let xor = sparse_xor(n, 500);
+        let frame = xor_byteplane_frame(&xor, 2, 3);
+        let Frame::Z4ai(f) = Frame::parse(&frame).unwrap() else {
+            panic!("not a Z4AI frame");
+        };
+        for p in &f.planes {
+            assert!(
+                p.method == plane::ZSTD_BLOCKS || p.method == plane::STORE,
+                "method {}",
+                p.method
+            );
+        }
+        assert_eq!(f.planes[0].method, plane::ZSTD_BLOCKS);
+        let (bounds, _, _) = block_grid(&Frame::parse(&frame).unwrap(), xor.len() as u64).unwrap();
+        assert_eq!(bounds.len(), 5, "four blocks");
+        assert!(frame.len() < xor.len() / 50);
+        let mut out = vec![0u8; xor.len()];
+        Frame::parse(&frame).unwrap().decode(&mut out).unwrap();
+        assert_eq!(out, xor);
     }
 
     #[test]
