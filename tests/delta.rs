@@ -200,6 +200,7 @@ fn a_missing_or_different_base_is_one_line_naming_both_files() {
     let e = fails(&["unpack", s(&delta), "-o", s(&p("x.safetensors"))]);
     assert!(e.contains("t.z4dm") && e.contains("base.zstn"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert_eq!(e.matches("t.z4dm").count(), 1, "the delta named once: {e}");
     assert!(!p("x.safetensors").exists());
     // Another checkpoint with the same tensors in the base's place: its
     // digest differs, so nothing is served.

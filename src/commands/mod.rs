@@ -73,7 +73,13 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 });
             }
             a.input = files[0].clone();
-            unpack::run(g, a).with_context(|| remote.display().to_string())
+            let r = unpack::run(g, a);
+            // Errors name the local file: the object's name for a download,
+            // nothing more for a local input (it is named already).
+            match _tmp {
+                Some(_) => r.with_context(|| remote.display().to_string()),
+                None => r,
+            }
         }
         Command::Info(mut a) => {
             let _tmp = s3::localize(&mut a.files)?;
