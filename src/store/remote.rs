@@ -81,6 +81,17 @@ struct Fetching {
     detached: bool,
 }
 
+impl Fetching {
+    /// The bytes held or being fetched: what freeing pages must keep.
+    fn held_or_fetching(&self) -> RangeSet {
+        let mut keep = self.present.clone();
+        for r in self.inflight.ranges() {
+            keep.insert(r.clone());
+        }
+        keep
+    }
+}
+
 pub struct RemoteFile {
     client: Arc<S3Client>,
     pub rel: String,
@@ -363,10 +374,7 @@ impl RemoteFile {
                     // for pages shared with bytes held or being fetched),
                     // so it never occupies the cache unaccounted.
                     Err(_) => {
-                        let mut keep = st.present.clone();
-                        for r in st.inflight.ranges() {
-                            keep.insert(r.clone());
-                        }
+                        let keep = st.held_or_fetching();
                         for m in &mine {
                             self.punch(&keep, m.clone());
                         }
@@ -515,8 +523,12 @@ impl Evict for RemoteFile {
             st.present = before;
             return Vec::new();
         }
+        // Pages shared with bytes being fetched stay too: on a file system
+        // whose blocks are larger than the 4 KiB a fetch is aligned to, a
+        // fetch may be writing into the page that holds an evicted range.
+        let keep = st.held_or_fetching();
         for r in &give {
-            self.punch(&st.present, r.clone());
+            self.punch(&keep, r.clone());
         }
         give
     }
