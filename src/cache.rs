@@ -119,12 +119,19 @@ impl<E> Inner<E> {
     fn contains(&self, key: &CacheKey) -> bool {
         self.lru.contains(key) || self.served.contains(key) || self.large_is(key)
     }
+    /// Evicts the least recently used wholly served block, if any.
+    fn evict_served(&mut self) -> bool {
+        let Some((_, b)) = self.served.pop_lru() else {
+            return false;
+        };
+        self.bytes -= b.len() as u64;
+        self.served_bytes -= b.len() as u64;
+        recycle(b);
+        true
+    }
     /// Evicts the least recently used block, served ones first.
     fn evict_one(&mut self) -> bool {
-        if let Some((_, b)) = self.served.pop_lru() {
-            self.bytes -= b.len() as u64;
-            self.served_bytes -= b.len() as u64;
-            recycle(b);
+        if self.evict_served() {
             return true;
         }
         match self.lru.pop_lru() {
@@ -279,16 +286,7 @@ impl<E> BlockCache<E> {
         inner.served.put(*key, e.block);
         inner.served_bytes += len;
         let cap = self.served_cap();
-        while inner.served_bytes > cap {
-            match inner.served.pop_lru() {
-                Some((_, b)) => {
-                    inner.bytes -= b.len() as u64;
-                    inner.served_bytes -= b.len() as u64;
-                    recycle(b);
-                }
-                None => break,
-            }
-        }
+        while inner.served_bytes > cap && inner.evict_served() {}
     }
 
     fn insert_locked(&self, inner: &mut Inner<E>, key: CacheKey, block: Block) {

@@ -132,16 +132,10 @@ impl Z4aiFrame<'_> {
             Err(e) => return Some(Err(e)),
         };
         Some((|| {
-            let whole = |i: usize| -> Result<Cow<'_, [u8]>> {
-                let p = &self.planes[i];
-                if p.method == plane::STORE && p.payload.len() as u64 == p.orig_len {
-                    return Ok(Cow::Borrowed(p.payload));
-                }
-                let mut v = super::zeroed(p.orig_len, "decoded plane")?;
-                plane::decode_plane(p.method, p.payload, &mut v)?;
-                Ok(Cow::Owned(v))
-            };
-            let (sign, exp) = (whole(0)?, whole(1)?);
+            let (sign, exp) = (
+                decode_whole_plane(&self.planes[0])?,
+                decode_whole_plane(&self.planes[1])?,
+            );
             let tables = match &mant {
                 PlaneBlocks::Rans(r) => Some(r.freq_tables()?),
                 _ => None,
@@ -445,19 +439,21 @@ const PLANES_TOGETHER_MAX: u64 = 64 << 20;
 fn decode_planes_parallel<'a>(planes: &[PlaneRef<'a>]) -> Result<Vec<Cow<'a, [u8]>>> {
     use rayon::prelude::*;
     let total: u64 = planes.iter().map(|p| p.orig_len).sum();
-    let work = |p: &PlaneRef<'a>| -> Result<Cow<'a, [u8]>> {
-        if p.method == plane::STORE && p.payload.len() as u64 == p.orig_len {
-            return Ok(Cow::Borrowed(p.payload));
-        }
-        let mut v = super::zeroed(p.orig_len, "decoded plane")?;
-        plane::decode_plane(p.method, p.payload, &mut v)?;
-        Ok(Cow::Owned(v))
-    };
     if total >= 1 << 20 {
-        planes.par_iter().map(work).collect()
+        planes.par_iter().map(decode_whole_plane).collect()
     } else {
-        planes.iter().map(work).collect()
+        planes.iter().map(decode_whole_plane).collect()
     }
+}
+
+/// One whole plane: a stored plane in place, else decoded.
+fn decode_whole_plane<'a>(p: &PlaneRef<'a>) -> Result<Cow<'a, [u8]>> {
+    if p.method == plane::STORE && p.payload.len() as u64 == p.orig_len {
+        return Ok(Cow::Borrowed(p.payload));
+    }
+    let mut v = super::zeroed(p.orig_len, "decoded plane")?;
+    plane::decode_plane(p.method, p.payload, &mut v)?;
+    Ok(Cow::Owned(v))
 }
 
 impl SparseFrame<'_> {

@@ -198,11 +198,8 @@ impl AdaptivePayload<'_> {
                 out.len(),
             ));
         }
-        // Near-equal groups of at most CHUNK_GROUP chunks (20 = 10 + 10).
-        let m = js.len().div_ceil(CHUNK_GROUP);
         let mut rest = out;
-        for i in 0..m {
-            let g = js.start + js.len() * i / m..js.start + js.len() * (i + 1) / m;
+        for g in chunk_groups(&js) {
             let r = self.span(&g);
             let (o, r2) = rest.split_at_mut((r.end - r.start) as usize);
             rest = r2;
@@ -230,6 +227,13 @@ impl AdaptivePayload<'_> {
         }
         Ok(())
     }
+}
+
+/// `js` cut into near-equal groups of at most [`CHUNK_GROUP`] chunks, the
+/// units the vector decoder takes (20 chunks: 10 + 10).
+fn chunk_groups(js: &Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
+    let m = js.len().div_ceil(CHUNK_GROUP);
+    (0..m).map(move |i| js.start + js.len() * i / m..js.start + js.len() * (i + 1) / m)
 }
 
 /// Decodes chunks `js` of two method-4 payloads with the same chunking
@@ -267,9 +271,7 @@ pub fn decode_chunk_pairs(
             }
         }
         let lo = a.0.span(&js).start;
-        let m = js.len().div_ceil(CHUNK_GROUP);
-        for i in 0..m {
-            let g = js.start + js.len() * i / m..js.start + js.len() * (i + 1) / m;
+        for g in chunk_groups(&js) {
             if g.len() < avx512::MIN_CHUNKS {
                 return Ok(false);
             }

@@ -265,11 +265,8 @@ pub(super) fn try_decode_group<const NV: usize>(
             }
         } else {
             for c in 0..g {
-                let (v, i) = (c / 16, c % 16);
-                let o = &mut out[ln.offset(c) + 4 * q..][..4 * b];
-                for (d, w) in o.chunks_exact_mut(4).zip(&stage[..b]) {
-                    d.copy_from_slice(&w[v][i].to_le_bytes());
-                }
+                out[ln.offset(c) + 4 * q..][..4 * b]
+                    .copy_from_slice(&column(&stage, c, b)[..4 * b]);
             }
         }
         q += b;
@@ -281,6 +278,16 @@ pub(super) fn try_decode_group<const NV: usize>(
         ln.finish(c, q, redo, &mut o[from..]);
     }
     true
+}
+
+/// Chunk c's symbols of the first `r` rounds of a stage, in order (the
+/// first `4 r` bytes).
+fn column<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK], c: usize, r: usize) -> [u8; 64] {
+    let mut o = [0u8; 64];
+    for (d, w) in o.chunks_exact_mut(4).zip(&stage[..r]) {
+        d.copy_from_slice(&w[c / 16][c % 16].to_le_bytes());
+    }
+    o
 }
 
 /// A full stage of one vector, transposed: chunk c's 64 symbols of the
@@ -336,14 +343,7 @@ pub(super) fn try_decode_pair<F: FnMut(usize, &[u8], &[u8])>(
             }
         } else {
             for c in 0..g {
-                let col = |s: &[[[u32; 16]; 1]; BLOCK]| -> [u8; 64] {
-                    let mut o = [0u8; 64];
-                    for (d, w) in o.chunks_exact_mut(4).zip(&s[..r]) {
-                        d.copy_from_slice(&w[0][c].to_le_bytes());
-                    }
-                    o
-                };
-                let (ca, cb) = (col(&sa), col(&sb));
+                let (ca, cb) = (column(&sa, c, r), column(&sb, c, r));
                 sink(la.offset(c) + 4 * q, &ca[..4 * r], &cb[..4 * r]);
             }
         }
