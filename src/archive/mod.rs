@@ -586,8 +586,9 @@ pub fn blocks_of<A: ArchiveView + ?Sized>(a: &A, file: usize) -> Result<Vec<Bloc
     Ok(keys)
 }
 
-/// Decoded bytes held at once by streaming operations.
-const WINDOW: u64 = 64 << 20;
+/// Decoded bytes a window of a streaming operation holds; two windows are
+/// held at once (one consumed while the next decodes).
+const WINDOW: u64 = 32 << 20;
 
 /// Why streaming a file out failed: reading the archive, or writing.
 #[derive(Debug, Error)]
@@ -610,24 +611,66 @@ pub fn write_to<A: ArchiveView + ?Sized>(
     let prefix = a.prefix(file)?;
     w.write_all(prefix)?;
     progress(prefix.len() as u64);
-    let keys = blocks_of(a, file)?;
+    each_decoded(a, &blocks_of(a, file)?, &mut |d| {
+        w.write_all(d)?;
+        progress(d.len() as u64);
+        Ok(())
+    })
+}
+
+/// Hands the blocks `keys` to `sink` in order, on the calling thread.
+/// They are decoded in parallel windows of about [`WINDOW`] bytes; when
+/// the pool has more than one thread the next window decodes while `sink`
+/// takes this one, so that decoding and the sink's work (a write, a
+/// hash) overlap. Each buffer goes back to `codec::buffers` once `sink`
+/// has it, so a long stream neither zeroes nor faults in fresh memory
+/// for every block.
+fn each_decoded<A: ArchiveView + ?Sized, E: From<ArchiveError> + Send>(
+    a: &A,
+    keys: &[BlockKey],
+    sink: &mut dyn FnMut(&[u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let mut windows = Vec::new();
     let mut k = 0;
     while k < keys.len() {
-        let mut j = k;
-        let mut bytes = 0;
+        let (mut j, mut bytes) = (k, 0);
         while j < keys.len() && (j == k || bytes < WINDOW) {
             bytes += a.block_len(keys[j])?;
             j += 1;
         }
-        let decoded: Vec<Vec<u8>> = keys[k..j]
-            .par_iter()
-            .map(|key| a.decode_block(*key))
-            .collect::<Result<_>>()?;
-        for d in &decoded {
-            w.write_all(d)?;
-            progress(d.len() as u64);
-        }
+        windows.push(&keys[k..j]);
         k = j;
+    }
+    let decode = |w: &[BlockKey]| -> Result<Vec<Vec<u8>>> {
+        w.par_iter().map(|key| a.decode_block(*key)).collect()
+    };
+    let mut consume = |blocks: Vec<Vec<u8>>| -> std::result::Result<(), E> {
+        for d in blocks {
+            sink(&d)?;
+            crate::codec::buffers::recycle(d);
+        }
+        Ok(())
+    };
+    let pipelined = rayon::current_num_threads() > 1;
+    let mut next = windows.first().map(|w| decode(w));
+    for i in 0..windows.len() {
+        let blocks = next
+            .take()
+            .expect("a window is decoded before it is consumed")?;
+        let ahead = windows.get(i + 1).copied();
+        let consumed = if pipelined {
+            rayon::in_place_scope(|s| {
+                if let Some(w) = ahead {
+                    s.spawn(|_| next = Some(decode(w)));
+                }
+                consume(blocks)
+            })
+        } else {
+            let r = consume(blocks);
+            next = ahead.map(decode);
+            r
+        };
+        consumed?;
     }
     Ok(())
 }
@@ -664,21 +707,15 @@ fn unit_digest<A: ArchiveView + ?Sized>(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<u64> {
     let g = a.grid(unit)?;
+    let keys: Vec<BlockKey> = (0..g.blocks() as u32)
+        .map(|block| BlockKey { unit, block })
+        .collect();
     let mut h = Xxh3::new();
-    let n = g.blocks() as u32;
-    let mut k = 0;
-    while k < n {
-        let j = (k + 32).min(n);
-        let decoded: Vec<Vec<u8>> = (k..j)
-            .into_par_iter()
-            .map(|block| a.decode_block(BlockKey { unit, block }))
-            .collect::<Result<_>>()?;
-        for d in &decoded {
-            h.update(d);
-            progress(d.len() as u64);
-        }
-        k = j;
-    }
+    each_decoded(a, &keys, &mut |d| {
+        h.update(d);
+        progress(d.len() as u64);
+        Ok::<(), ArchiveError>(())
+    })?;
     Ok(h.digest())
 }
 
