@@ -27,13 +27,13 @@
 use super::frame_block::{block_index, shared_grid, GridCell};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blazex::{self, Header, Parsed, TensorEntry};
+use crate::format::digest::xxh3_64;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Block size of a tensor's grid (plain bytes: a block is a copy).
 const BLOCK: u64 = 1 << 20;

@@ -25,6 +25,7 @@ use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Se
 use crate::format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
 };
+use crate::format::digest::xxh3_64;
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
@@ -32,7 +33,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::Xxh3;
 
 /// One blob: its grid, built and checked on first use.
 struct Unit {

@@ -12,6 +12,7 @@ pub mod blzdiff;
 pub mod ckx;
 pub mod cursor;
 pub mod delta;
+pub mod digest;
 pub mod error;
 pub mod frame;
 pub mod plane;
