@@ -611,7 +611,7 @@ pub fn write_to<A: ArchiveView + ?Sized>(
     let prefix = a.prefix(file)?;
     w.write_all(prefix)?;
     progress(prefix.len() as u64);
-    each_decoded(a, &blocks_of(a, file)?, &mut |d| {
+    each_decoded(a, &blocks_of(a, file)?, WINDOW, &mut |d| {
         w.write_all(d)?;
         progress(d.len() as u64);
         Ok(())
@@ -619,7 +619,7 @@ pub fn write_to<A: ArchiveView + ?Sized>(
 }
 
 /// Hands the blocks `keys` to `sink` in order, on the calling thread.
-/// They are decoded in parallel windows of about [`WINDOW`] bytes; when
+/// They are decoded in parallel windows of about `window` bytes; when
 /// the pool has more than one thread the next window decodes while `sink`
 /// takes this one, so that decoding and the sink's work (a write, a
 /// hash) overlap. Each buffer goes back to `codec::buffers` once `sink`
@@ -628,13 +628,14 @@ pub fn write_to<A: ArchiveView + ?Sized>(
 fn each_decoded<A: ArchiveView + ?Sized, E: From<ArchiveError> + Send>(
     a: &A,
     keys: &[BlockKey],
+    window: u64,
     sink: &mut dyn FnMut(&[u8]) -> std::result::Result<(), E>,
 ) -> std::result::Result<(), E> {
     let mut windows = Vec::new();
     let mut k = 0;
     while k < keys.len() {
         let (mut j, mut bytes) = (k, 0);
-        while j < keys.len() && (j == k || bytes < WINDOW) {
+        while j < keys.len() && (j == k || bytes < window) {
             bytes += a.block_len(keys[j])?;
             j += 1;
         }
@@ -711,7 +712,7 @@ fn unit_digest<A: ArchiveView + ?Sized>(
         .map(|block| BlockKey { unit, block })
         .collect();
     let mut h = Xxh3::new();
-    each_decoded(a, &keys, &mut |d| {
+    each_decoded(a, &keys, WINDOW, &mut |d| {
         h.update(d);
         progress(d.len() as u64);
         Ok::<(), ArchiveError>(())
@@ -737,4 +738,94 @@ pub fn verify<A: ArchiveView + ?Sized>(a: &A, progress: &(dyn Fn(u64) + Sync)) -
         })
         .collect::<Result<_>>()?;
     a.verify_finish(&digests)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::{pack, PackOptions};
+
+    /// A packed safetensors file of several bf16 tensors (about 6 MiB,
+    /// several blocks each) and its bytes.
+    fn packed() -> (Vec<u8>, Vec<u8>) {
+        let mut header = String::from("{");
+        let mut data = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for t in 0..3 {
+            let n = (1 << 20) + 4099 * t;
+            let start = data.len();
+            for _ in 0..n {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let v = ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
+                data.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+            }
+            if t > 0 {
+                header.push(',');
+            }
+            header.push_str(&format!(
+                "\"t{t}\":{{\"dtype\":\"BF16\",\"shape\":[{n}],\"data_offsets\":[{start},{}]}}",
+                data.len()
+            ));
+        }
+        header.push('}');
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(&data);
+        let mut out = Vec::new();
+        pack(&file, &mut out, PackOptions::default(), &|_| {}).unwrap();
+        (file, out)
+    }
+
+    /// Blocks reach the sink whole and in order whatever the window (one
+    /// block, several, everything) and whether or not the next window
+    /// decodes meanwhile (a one-thread pool does not pipeline).
+    #[test]
+    fn each_decoded_hands_every_block_in_order() {
+        let (file, packed) = packed();
+        let a = ZstnArchive::from_bytes(packed, Path::new("t.zstn")).unwrap();
+        let keys = blocks_of(&a, 0).unwrap();
+        assert!(keys.len() > 6, "{} blocks", keys.len());
+        let prefix = a.prefix(0).unwrap().to_vec();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for window in [1, 1 << 20, 3 << 20, u64::MAX] {
+                let mut got = prefix.clone();
+                let mut calls = 0;
+                pool.install(|| {
+                    each_decoded(&a, &keys, window, &mut |d| {
+                        got.extend_from_slice(d);
+                        calls += 1;
+                        Ok::<(), ArchiveError>(())
+                    })
+                })
+                .unwrap();
+                assert_eq!(calls, keys.len(), "threads {threads} window {window}");
+                assert!(got == file, "threads {threads} window {window}");
+            }
+        }
+    }
+
+    /// A sink that fails stops the stream with its error, after the
+    /// window decoding meanwhile has finished (nothing is left running).
+    #[test]
+    fn each_decoded_stops_at_the_sinks_error() {
+        let (_, packed) = packed();
+        let a = ZstnArchive::from_bytes(packed, Path::new("t.zstn")).unwrap();
+        let keys = blocks_of(&a, 0).unwrap();
+        let mut calls = 0;
+        let r = each_decoded(&a, &keys, 1 << 20, &mut |_| {
+            calls += 1;
+            if calls == 3 {
+                return Err(WriteError::Write(std::io::Error::other("disk full")));
+            }
+            Ok(())
+        });
+        assert!(matches!(r, Err(WriteError::Write(e)) if e.to_string() == "disk full"));
+        assert_eq!(calls, 3);
+    }
 }
