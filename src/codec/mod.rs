@@ -35,13 +35,34 @@ use crate::format::frame::MAX_BLOCK_BYTES;
 /// Every decoder buffer sized from a file goes through here (or
 /// [`grow_zeroed`]).
 pub fn zeroed(len: u64, what: &'static str) -> Result<Vec<u8>> {
-    let mut v = Vec::new();
-    grow_zeroed(&mut v, len, what)?;
-    Ok(v)
+    if len > MAX_BLOCK_BYTES {
+        return Err(CodecError::TooLarge {
+            what: what.to_string(),
+            bytes: len,
+            limit: MAX_BLOCK_BYTES,
+        });
+    }
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    // Asked of the allocator as zeroed memory (calloc), not allocated and
+    // then set to zero: memory fresh from the kernel is zero already, and
+    // the allocator skips the pass over it that `resize` would make.
+    let layout = std::alloc::Layout::array::<u8>(len as usize)
+        .map_err(|_| CodecError::Alloc { what, bytes: len })?;
+    // SAFETY: `layout` has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(CodecError::Alloc { what, bytes: len });
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of
+    // `len` bytes of align 1, all of them initialised (zero).
+    Ok(unsafe { Vec::from_raw_parts(p, len as usize, len as usize) })
 }
 
 /// Makes `buf` (a reused scratch buffer) at least `len` bytes long, with
-/// the checks of [`zeroed`].
+/// the checks of [`zeroed`]. What `buf` held is not kept when it grows
+/// past its capacity (it is scratch: every caller decodes into it).
 pub fn grow_zeroed(buf: &mut Vec<u8>, len: u64, what: &'static str) -> Result<()> {
     if len > MAX_BLOCK_BYTES {
         return Err(CodecError::TooLarge {
@@ -52,12 +73,11 @@ pub fn grow_zeroed(buf: &mut Vec<u8>, len: u64, what: &'static str) -> Result<()
     }
     let len = len as usize;
     if buf.len() < len {
-        buf.try_reserve_exact(len - buf.len())
-            .map_err(|_| CodecError::Alloc {
-                what,
-                bytes: len as u64,
-            })?;
-        buf.resize(len, 0);
+        if buf.capacity() >= len {
+            buf.resize(len, 0);
+        } else {
+            *buf = zeroed(len as u64, what)?;
+        }
     }
     Ok(())
 }
