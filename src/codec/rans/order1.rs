@@ -8,8 +8,8 @@
 //! never a panic or an out-of-bounds read. Output is exactly `out.len()`.
 
 use super::{
-    careful_read, chunk_offsets, length_mismatch, out_len_is_large, rans_err, read2_unchecked,
-    split_chunks, zstd_decode_first_frame, O1_PROB_BITS, O1_SCALE, RANS_L,
+    careful_read, chunk_offsets, length_mismatch, out_len_is_large, rans_err, split_chunks,
+    zstd_decode_first_frame, O1_PROB_BITS, O1_SCALE, RANS_L,
 };
 use crate::codec::{CodecError, Result};
 use crate::format::cursor::Cursor;
@@ -216,31 +216,66 @@ fn o1_decode_chunk(m: &O1Model, payload: &[u8], out: &mut [u8]) -> Result<()> {
             .unwrap();
         let batch = safe.min(common - i);
         if batch >= 8 {
-            let [s0, s1, s2, s3] = subs;
-            // SAFETY (all four closures): `batch` <= (sub.len() - pos at batch
-            // start) / 2, each step advances pos by at most 2 and reads the 2
-            // bytes at the current pos, so p + 2 <= sub.len().
-            let r0 = |p: usize| unsafe { read2_unchecked(s0, p) };
-            let r1 = |p: usize| unsafe { read2_unchecked(s1, p) };
-            let r2 = |p: usize| unsafe { read2_unchecked(s2, p) };
-            let r3 = |p: usize| unsafe { read2_unchecked(s3, p) };
-            let it = o0[i..i + batch]
-                .iter_mut()
-                .zip(o1[i..i + batch].iter_mut())
-                .zip(o2[i..i + batch].iter_mut())
-                .zip(o3[i..i + batch].iter_mut());
             let [mut x0, mut x1, mut x2, mut x3] = x;
             let [mut b0, mut b1, mut b2, mut b3] = base;
-            let [mut p0, mut p1, mut p2, mut p3] = pos;
-            for (((a, bb), cc), d) in it {
-                *a = o1_step(&mut x0, &mut b0, m, &mut p0, r0);
-                *bb = o1_step(&mut x1, &mut b1, m, &mut p1, r1);
-                *cc = o1_step(&mut x2, &mut b2, m, &mut p2, r2);
-                *d = o1_step(&mut x3, &mut b3, m, &mut p3, r3);
+            // Stream positions as pointers and one output index for the four
+            // segments: the whole loop state then fits in registers (with
+            // slice positions and four output slices it spilled, and a state
+            // kept on the stack puts a store-to-load delay on every step).
+            // SAFETY: pos[l] <= subs[l].len() (checked by `safe` above).
+            let q: [*const u8; O1_NSEG] =
+                std::array::from_fn(|l| unsafe { subs[l].as_ptr().add(pos[l]) });
+            let [mut q0, mut q1, mut q2, mut q3] = q;
+            let outs: [&mut [u8]; O1_NSEG] = [
+                &mut o0[i..i + batch],
+                &mut o1[i..i + batch],
+                &mut o2[i..i + batch],
+                &mut o3[i..i + batch],
+            ];
+            let [w0, w1, w2, w3] = outs.map(|o| o.as_mut_ptr());
+            let tab = &m.tab[..];
+            let rows = &m.rowbase;
+            macro_rules! step {
+                ($x:ident, $b:ident, $q:ident) => {{
+                    let v = $x;
+                    let e = tab[($b + (v & (O1_SCALE - 1))) as usize];
+                    let f = ((e >> 8) & 0xFFF) + 1;
+                    let v = f * (v >> O1_PROB_BITS) + (e >> 20);
+                    let nb = u32::from(v < RANS_L) + u32::from(v < (RANS_L >> 8));
+                    let sh = nb * 8;
+                    // SAFETY: `batch` <= (sub.len() - pos at batch start) / 2
+                    // and each step advances by at most 2, so the 2 bytes
+                    // read here lie inside the substream.
+                    let two = u32::from(u16::from_be_bytes(unsafe {
+                        $q.cast::<[u8; 2]>().read_unaligned()
+                    }));
+                    $x = (v << sh) | (two >> (16 - sh));
+                    // SAFETY: as above, the new position stays inside.
+                    $q = unsafe { $q.add(nb as usize) };
+                    $b = rows[(e & 0xFF) as usize];
+                    e as u8
+                }};
+            }
+            for t in 0..batch {
+                let (s0, s1, s2, s3) = (
+                    step!(x0, b0, q0),
+                    step!(x1, b1, q1),
+                    step!(x2, b2, q2),
+                    step!(x3, b3, q3),
+                );
+                // SAFETY: t < batch, the length of each output window.
+                unsafe {
+                    *w0.add(t) = s0;
+                    *w1.add(t) = s1;
+                    *w2.add(t) = s2;
+                    *w3.add(t) = s3;
+                }
             }
             x = [x0, x1, x2, x3];
             base = [b0, b1, b2, b3];
-            pos = [p0, p1, p2, p3];
+            // SAFETY: each q[l] was derived from subs[l] and stays inside it.
+            let q = [q0, q1, q2, q3];
+            pos = std::array::from_fn(|l| unsafe { q[l].offset_from(subs[l].as_ptr()) } as usize);
             i += batch;
         } else {
             o0[i] = o1_step(&mut x[0], &mut base[0], m, &mut pos[0], |p| {
