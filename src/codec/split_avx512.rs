@@ -99,3 +99,28 @@ unsafe fn f32_steps(
         }
     }
 }
+
+/// Splits the first `n / 32 * 32` of the `n = body.len() / 2` two-byte
+/// elements into their low and high byte planes (as far as both have
+/// room); returns how many it split.
+pub(super) fn bytes2_body(body: &[u8], lo: &mut [u8], hi: &mut [u8]) -> usize {
+    let steps = (body.len() / 64).min(lo.len() / 32).min(hi.len() / 32);
+    assert!(available());
+    // SAFETY: as in `bf16_body`.
+    unsafe { bytes2_steps(body, lo, hi, steps) };
+    steps * 32
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bytes2_steps(body: &[u8], lo: &mut [u8], hi: &mut [u8], steps: usize) {
+    // SAFETY: the caller checked the CPU features and the bounds.
+    unsafe {
+        for j in 0..steps {
+            let v = _mm512_loadu_si512(body.as_ptr().add(64 * j).cast());
+            let a = _mm512_cvtepi16_epi8(v);
+            let b = _mm512_cvtepi16_epi8(_mm512_srli_epi16::<8>(v));
+            _mm256_storeu_si256(lo.as_mut_ptr().add(32 * j).cast(), a);
+            _mm256_storeu_si256(hi.as_mut_ptr().add(32 * j).cast(), b);
+        }
+    }
+}

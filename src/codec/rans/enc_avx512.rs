@@ -36,9 +36,17 @@ pub(super) fn available() -> bool {
 pub(super) enum Mode {
     /// Every lane codes with the uniform table over `0..2^bits`: no gather.
     Uniform(u32),
+    /// Every lane codes with the one table in `rcp`/`info`, whose symbols
+    /// all lie in `lo..lo + 32` (`lo <= 224`): the entries are held in
+    /// registers and looked up with a two-register permute, not gathered.
+    /// (The exponent planes of trained weights span about 20 values.)
+    Window(u32),
     /// Gather `rcp[toff + s]` and `info[toff + s]`.
     Tables,
 }
+
+/// Symbols a [`Mode::Window`] covers.
+pub(super) const WINDOW: u32 = 32;
 
 /// The lanes of one group: states, write positions (from the output base),
 /// each chunk's first symbol (from the data base) and table offset (in
@@ -61,7 +69,8 @@ pub(super) struct Lanes {
 /// `data[doff[c] .. doff[c] + 4 * quads]` is readable; the region
 /// `out[p[c] - 2 * 4 * quads - 4 .. p[c]]` is writable and no other lane's
 /// region overlaps it; with [`Mode::Tables`], `rcp` and `info` hold at
-/// least `toff[c] + SYMS` entries (`toff[c] >= 0`).
+/// least `toff[c] + SYMS` entries (`toff[c] >= 0`); with
+/// [`Mode::Window`]`(lo)`, at least `lo + 32` entries.
 pub(super) unsafe fn encode_quads(
     data: *const u8,
     out: *mut u8,
@@ -74,8 +83,9 @@ pub(super) unsafe fn encode_quads(
     // SAFETY: forwarded from the caller.
     unsafe {
         match mode {
-            Mode::Uniform(bits) => kernel::<true>(data, out, rcp, info, bits, lanes, quads),
-            Mode::Tables => kernel::<false>(data, out, rcp, info, 0, lanes, quads),
+            Mode::Uniform(bits) => kernel::<UNIFORM>(data, out, rcp, info, bits, lanes, quads),
+            Mode::Window(lo) => kernel::<WINDOWED>(data, out, rcp, info, lo, lanes, quads),
+            Mode::Tables => kernel::<GATHER>(data, out, rcp, info, 0, lanes, quads),
         }
     }
 }
@@ -94,20 +104,26 @@ const BSWAP_LOW16: [u32; 16] = {
     t
 };
 
+const GATHER: u8 = 0;
+const UNIFORM: u8 = 1;
+const WINDOWED: u8 = 2;
+
+/// `arg` is the uniform table's bits or the window's first symbol.
 #[target_feature(enable = "avx512f,avx512cd,avx512bw")]
-unsafe fn kernel<const UNIFORM: bool>(
+unsafe fn kernel<const MODE: u8>(
     data: *const u8,
     out: *mut u8,
     rcp: *const u32,
     info: *const u32,
-    bits: u32,
+    arg: u32,
     lanes: &mut Lanes,
     quads: usize,
 ) -> bool {
     // SAFETY: the loads and stores of `lanes` are of its own arrays (16
     // lanes each). Gathers read 4 bytes at `data + doff[c] + 4q` (q <
     // quads) and, with tables, `rcp`/`info` at `toff[c] + s` (s < 256) of
-    // active lanes only; the scatter writes 4 bytes at `out + p[c] - 4` of
+    // active lanes only, or (window) 32 entries each from `rcp + arg` and
+    // `info + arg`; the scatter writes 4 bytes at `out + p[c] - 4` of
     // active lanes, and each lane's p moves down by at most 2 a symbol:
     // all inside what the caller guarantees (see `encode_quads`).
     unsafe {
@@ -128,27 +144,48 @@ unsafe fn kernel<const UNIFORM: bool>(
             *v = _mm512_loadu_si512(a.as_ptr().cast());
         }
         // Uniform table over 0..2^bits: freq 2^fb, cum s * 2^fb.
+        let bits = if MODE == UNIFORM { arg } else { 8 };
         let fb = super::PROB_BITS.saturating_sub(bits);
         let u_shift = _mm512_set1_epi32(fb as i32);
         let u_xmax = _mm512_set1_epi32(((1u32 << fb) << 17) as i32);
         let u_low = _mm512_set1_epi32((1i32 << fb) - 1);
         let u_nsym = _mm512_set1_epi32(1i32 << bits.min(8));
+        // The window's entries, symbols lo..lo+32 in two registers each.
+        let (mut w_r, mut w_i) = ([zero; 2], [zero; 2]);
+        if MODE == WINDOWED {
+            for h in 0..2 {
+                w_r[h] = _mm512_loadu_si512(rcp.add(arg as usize + 16 * h).cast());
+                w_i[h] = _mm512_loadu_si512(info.add(arg as usize + 16 * h).cast());
+            }
+        }
+        let w_lo = _mm512_set1_epi32(arg as i32);
+        let w_len = _mm512_set1_epi32(WINDOW as i32);
         let mut bad: __mmask16 = 0;
 
         macro_rules! step {
             ($w:expr, $l:literal, $sh:literal) => {{
                 let s = _mm512_and_si512(_mm512_srli_epi32::<$sh>($w), ff);
                 let (xmax, bias, r, freq);
-                if UNIFORM {
+                if MODE == UNIFORM {
                     bad |= _mm512_mask_cmpge_epu32_mask(active, s, u_nsym);
                     xmax = u_xmax;
                     bias = _mm512_sllv_epi32(s, u_shift);
                     r = zero;
                     freq = zero;
                 } else {
-                    let e = _mm512_add_epi32(toff, s);
-                    r = _mm512_mask_i32gather_epi32::<4>(zero, active, e, rcp.cast());
-                    let inf = _mm512_mask_i32gather_epi32::<4>(zero, active, e, info.cast());
+                    let inf;
+                    if MODE == WINDOWED {
+                        // Outside the window is frequency 0 (the permute
+                        // reads only the index's low 5 bits).
+                        let e = _mm512_sub_epi32(s, w_lo);
+                        bad |= _mm512_mask_cmpge_epu32_mask(active, e, w_len);
+                        r = _mm512_permutex2var_epi32(w_r[0], e, w_r[1]);
+                        inf = _mm512_permutex2var_epi32(w_i[0], e, w_i[1]);
+                    } else {
+                        let e = _mm512_add_epi32(toff, s);
+                        r = _mm512_mask_i32gather_epi32::<4>(zero, active, e, rcp.cast());
+                        inf = _mm512_mask_i32gather_epi32::<4>(zero, active, e, info.cast());
+                    }
                     freq = _mm512_and_si512(inf, ffff);
                     bias = _mm512_srli_epi32::<16>(inf);
                     bad |= _mm512_mask_cmpeq_epi32_mask(active, freq, zero);
@@ -165,7 +202,7 @@ unsafe fn kernel<const UNIFORM: bool>(
                 p = _mm512_mask_sub_epi32(p, m2, p, one);
                 let v = _mm512_mask_srli_epi32::<8>(v, m1, v);
                 let v = _mm512_mask_srli_epi32::<8>(v, m2, v);
-                if UNIFORM {
+                if MODE == UNIFORM {
                     // x = (v / f) * M + v % f + cum, f a power of two.
                     let hi = _mm512_slli_epi32::<14>(_mm512_srlv_epi32(v, u_shift));
                     let lo = _mm512_and_si512(v, u_low);

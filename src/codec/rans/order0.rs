@@ -305,7 +305,7 @@ fn encode_group_avx512(
     states: &mut [[u32; 4]; ENC_GROUP],
     pos: &mut [usize; ENC_GROUP],
 ) -> bool {
-    use super::enc_avx512::{self, Lanes, Mode, SYMS};
+    use super::enc_avx512::{self, Lanes, Mode, SYMS, WINDOW};
     let g = fs.len();
     let base = bounds[0];
     let span = bounds[g] - base;
@@ -320,11 +320,23 @@ fn encode_group_avx512(
     }
     let mode = match uniform_bits(&fs[0]) {
         Some(b) if tabs.len() == 1 => Mode::Uniform(b),
+        _ if tabs.len() == 1 => {
+            // One table whose symbols span at most WINDOW values: held in
+            // registers instead of gathered.
+            let first = fs[0].iter().position(|&f| f != 0).unwrap_or(0);
+            let last = fs[0].iter().rposition(|&f| f != 0).unwrap_or(0);
+            let lo = first.min(SYMS - WINDOW as usize);
+            if last < lo + WINDOW as usize {
+                Mode::Window(lo as u32)
+            } else {
+                Mode::Tables
+            }
+        }
         _ => Mode::Tables,
     };
     // The kernel's tables: per symbol the reciprocal and freq | bias << 16.
     let (mut rcp, mut info) = (Vec::new(), Vec::new());
-    if mode == Mode::Tables {
+    if !matches!(mode, Mode::Uniform(_)) {
         rcp.reserve(SYMS * tabs.len());
         info.reserve(SYMS * tabs.len());
         for t in tabs {
@@ -366,7 +378,8 @@ fn encode_group_avx512(
     // moved down by at most 2 a symbol for the tail and moves down by at
     // most 2 a symbol for the 4 * quads symbols left, so its 4-byte stores
     // at pos - 4 stay at or above the region's start. Offsets fit i32
-    // (checked above); toff[c] + 256 <= rcp.len() with tables.
+    // (checked above); toff[c] + 256 <= rcp.len() with tables, and a
+    // window's lo + 32 <= 256 = rcp.len().
     let kernel_ok = unsafe {
         enc_avx512::encode_quads(
             data[base..].as_ptr(),
@@ -832,11 +845,23 @@ mod tests {
 
     /// A table of one of the shapes the encoders meet: a single symbol,
     /// uniform over `0..2^b`, every byte, a few symbols plus freq-1 ones,
-    /// or a coarse (multiples of 4) table.
+    /// a coarse (multiples of 4) table, or symbols within 32 values.
     fn shaped_table(r: &mut Rng, shape: u64) -> FreqTable {
         let mut h = [0u64; 256];
-        match shape % 5 {
+        match shape % 6 {
             0 => h[(r.next() % 256) as usize] = 1,
+            5 => {
+                // Symbols within 32 values (the vector encoder's window),
+                // as an exponent plane's, sometimes at the top of the byte.
+                let lo = if r.next().is_multiple_of(3) {
+                    224
+                } else {
+                    r.next() % 225
+                } as usize;
+                for _ in 0..(r.next() % 20 + 1) {
+                    h[lo + (r.next() % 32) as usize] += r.next() % 100_000 + 1;
+                }
+            }
             1 => return uniform_table(1 + (r.next() % 8) as u32),
             2 => h.iter_mut().for_each(|v| *v = r.next() % 1000 + 1),
             3 => {
@@ -1026,6 +1051,29 @@ mod tests {
             &mut Vec::new(),
             &mut Vec::new(),
         );
+    }
+
+    #[test]
+    fn window_chunk_groups_panic_on_symbols_either_side_of_the_window() {
+        let mut h = [0u64; 256];
+        h[100..110].fill(5);
+        let f = normalize_freqs(&h);
+        for bad in [99u8, 110, 131, 200, 0] {
+            let mut data: Vec<u8> = (0..16 * 100).map(|i| 100 + (i % 10) as u8).collect();
+            data[300] = bad;
+            let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
+            let r = std::panic::catch_unwind(|| {
+                encode_chunks(
+                    &data,
+                    &bounds,
+                    &[f; 16],
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                )
+            });
+            assert!(r.is_err(), "symbol {bad} outside the table");
+        }
     }
 
     #[test]
