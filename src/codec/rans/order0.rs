@@ -187,9 +187,12 @@ pub(super) fn encode_with(data: &[u8], tab: &EncTable, buf: &mut [u8], out: &mut
 
 /// Chunks encoded together: one per vector lane.
 pub(super) const ENC_GROUP: usize = 16;
-/// Fewer chunks than this in a group go to the scalar encoder.
+/// Groups of fewer chunks than this go to the scalar encoder: a vector
+/// round costs the same whatever the lanes in use. With table gathers the
+/// kernel's round costs about what 6 chunks cost the scalar encoder;
+/// without (uniform or one windowed table), about 3.
 #[cfg(target_arch = "x86_64")]
-const ENC_MIN_LANES: usize = 2;
+const ENC_MIN_LANES: [usize; 2] = [6, 3];
 
 /// Encodes chunks `bounds[c]..bounds[c+1]` of `data` (chunk `c` with
 /// `freqs[c]`), each as one 4-lane stream exactly as [`encode_stream`]
@@ -310,7 +313,7 @@ fn encode_group_avx512(
     let base = bounds[0];
     let span = bounds[g] - base;
     let limit = i32::MAX as usize / 2;
-    if g < ENC_MIN_LANES || span > limit || pos[g - 1] > limit || !enc_avx512::available() {
+    if g < ENC_MIN_LANES[1] || span > limit || pos[g - 1] > limit || !enc_avx512::available() {
         return false;
     }
     let chunk = |c: usize| &data[bounds[c]..bounds[c + 1]];
@@ -334,6 +337,9 @@ fn encode_group_avx512(
         }
         _ => Mode::Tables,
     };
+    if mode == Mode::Tables && g < ENC_MIN_LANES[0] {
+        return false;
+    }
     // The kernel's tables: per symbol the reciprocal and freq | bias << 16.
     let (mut rcp, mut info) = (Vec::new(), Vec::new());
     if !matches!(mode, Mode::Uniform(_)) {
