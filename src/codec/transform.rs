@@ -485,11 +485,15 @@ pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {
     match w {
         2 => {
             let (p0, p1) = planes.split_at_mut(1);
-            for ((e, a), b) in body
-                .chunks_exact(2)
-                .zip(p0[0].iter_mut())
-                .zip(p1[0].iter_mut())
-            {
+            let (mut body, mut a, mut b) = (body, &mut *p0[0], &mut *p1[0]);
+            #[cfg(target_arch = "x86_64")]
+            if super::split_avx512::available() {
+                let done = super::split_avx512::bytes2_body(body, a, b);
+                body = &body[2 * done..];
+                a = &mut std::mem::take(&mut a)[done..];
+                b = &mut std::mem::take(&mut b)[done..];
+            }
+            for ((e, a), b) in body.chunks_exact(2).zip(a.iter_mut()).zip(b.iter_mut()) {
                 *a = e[0];
                 *b = e[1];
             }
@@ -518,6 +522,62 @@ pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {
 /// bf16 bit-field split into caller-provided planes; `body` must start on an
 /// element index that is a multiple of 8 (so sign bytes are whole).
 pub fn bf16_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::split_avx512::available() {
+        let done = super::split_avx512::bf16_body(body, sign, exp, mant);
+        return bf16_split_scalar(
+            &body[2 * done..],
+            &mut sign[done / 8..],
+            &mut exp[done..],
+            &mut mant[done..],
+        );
+    }
+    bf16_split_scalar(body, sign, exp, mant)
+}
+
+/// float32 bit-field split into caller-provided planes: the packed sign
+/// bits, the exponent byte, and the three mantissa byte planes (low,
+/// middle, top 7 bits) of every element, as [`bitfield_split`] with
+/// [`FLOAT32`] makes them; `body` must start on an element index that is a
+/// multiple of 8 (so sign bytes are whole).
+pub fn f32_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: [&mut [u8]; 3]) {
+    let [m0, m1, m2] = mant;
+    #[cfg(target_arch = "x86_64")]
+    if super::split_avx512::available() {
+        let done = super::split_avx512::f32_body(body, sign, exp, [&mut *m0, &mut *m1, &mut *m2]);
+        return f32_split_scalar(
+            &body[4 * done..],
+            &mut sign[done / 8..],
+            &mut exp[done..],
+            [&mut m0[done..], &mut m1[done..], &mut m2[done..]],
+        );
+    }
+    f32_split_scalar(body, sign, exp, [m0, m1, m2])
+}
+
+fn f32_split_scalar(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: [&mut [u8]; 3]) {
+    let [m0, m1, m2] = mant;
+    let n = body.len() / 4;
+    for (i, e) in body.chunks_exact(4).enumerate() {
+        let u = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+        exp[i] = (u >> 23) as u8;
+        m0[i] = u as u8;
+        m1[i] = (u >> 8) as u8;
+        m2[i] = ((u >> 16) & 0x7f) as u8;
+    }
+    for (j, s) in sign.iter_mut().take(n.div_ceil(8)).enumerate() {
+        let mut b = 0u8;
+        for (k, e) in body[32 * j..(32 * j + 32).min(4 * n)]
+            .chunks_exact(4)
+            .enumerate()
+        {
+            b |= (e[3] >> 7) << (7 - k);
+        }
+        *s = b;
+    }
+}
+
+fn bf16_split_scalar(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: &mut [u8]) {
     let full = body.len() / 16;
     for (((b16, s), x8), m8) in body
         .chunks_exact(16)
@@ -558,9 +618,14 @@ mod tests {
 
     proptest! {
         #[test]
-        fn byteplane_roundtrip(w in prop::sample::select(vec![1usize, 2, 4, 8]), n in 0usize..300, seed in any::<u64>()) {
+        fn byteplane_roundtrip(w in prop::sample::select(vec![1usize, 2, 4, 8]), n in prop_oneof![0usize..300, 0usize..3000], seed in any::<u64>()) {
             let body: Vec<u8> = (0..n * w).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 13) as u8).collect();
             let planes = byteplane_split(&body, w);
+            // The writer's split (vectorised for w = 2) gives the same planes.
+            let mut into: Vec<Vec<u8>> = (0..w).map(|_| vec![0xA5; n]).collect();
+            let mut refs: Vec<&mut [u8]> = into.iter_mut().map(|p| p.as_mut_slice()).collect();
+            byteplane_split_into(&body, &mut refs);
+            prop_assert_eq!(&into, &planes);
             let refs: Vec<&[u8]> = planes.iter().map(|p| p.as_slice()).collect();
             let mut out = vec![0u8; body.len()];
             byteplane_join(&refs, &mut out).unwrap();
@@ -586,6 +651,30 @@ mod tests {
             let mut part = vec![0u8; (b - a) * eb];
             bitfield_join(spec, &planes[0][a / 8..], a % 8, &planes[1][a..b], &mants, &mut part).unwrap();
             prop_assert_eq!(&part[..], &body[a * eb..b * eb]);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn split_into_matches_bitfield_split(f32 in any::<bool>(), n in prop_oneof![0usize..80, 0usize..3000], seed in any::<u64>()) {
+            let (spec, eb) = if f32 { (FLOAT32, 4) } else { (BFLOAT16, 2) };
+            let mut x = seed | 1;
+            let body: Vec<u8> = (0..n * eb).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 }).collect();
+            let want = bitfield_split(spec, &body);
+            // Dirty planes: every byte must be written.
+            let mut sign = vec![0xA5u8; n.div_ceil(8)];
+            let mut exp = vec![0xA5u8; n];
+            let mut mant = vec![0xA5u8; n * spec.mant_planes()];
+            if f32 {
+                let (m0, rest) = mant.split_at_mut(n);
+                let (m1, m2) = rest.split_at_mut(n);
+                f32_split_into(&body, &mut sign, &mut exp, [m0, m1, m2]);
+            } else {
+                bf16_split_into(&body, &mut sign, &mut exp, &mut mant);
+            }
+            prop_assert_eq!(&sign, &want[0]);
+            prop_assert_eq!(&exp, &want[1]);
+            prop_assert_eq!(&mant, &want[2]);
         }
     }
 

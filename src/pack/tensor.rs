@@ -163,14 +163,27 @@ fn encode_plane(data: &[u8], k: usize, group: usize) -> PlaneOut {
     if data.is_empty() {
         return stored();
     }
+    // Shared tables come from the runs' histograms, which for a plane of
+    // at most the estimate's sample also give its estimate (one count of
+    // the plane, not two).
+    let runs = (group > 1).then(|| rans::run_histograms(data, k, group));
+    let estimate = match &runs {
+        Some(h) if data.len() <= O0_SAMPLE => {
+            let mut sum = [0u64; 256];
+            for r in h {
+                sum.iter_mut().zip(r).for_each(|(a, b)| *a += b);
+            }
+            hist_o0_bytes(&sum, data.len())
+        }
+        _ => estimate_o0_bytes(data),
+    };
     // Skip the encoder when order-0 entropy says it cannot win.
-    if estimate_o0_bytes(data) >= data.len() as f64 * 0.995 {
+    if estimate >= data.len() as f64 * 0.995 {
         return stored();
     }
-    let payload = if group > 1 {
-        rans::encode_method4_shared(data, k, group)
-    } else {
-        rans::encode_method4(data, k)
+    let payload = match &runs {
+        Some(h) => rans::encode_method4_runs(data, k, group, h),
+        None => rans::encode_method4(data, k),
     };
     if payload.len() >= data.len() {
         return stored();
@@ -182,10 +195,13 @@ fn encode_plane(data: &[u8], k: usize, group: usize) -> PlaneOut {
     }
 }
 
+/// Planes larger than this estimate their entropy from their first bytes.
+const O0_SAMPLE: usize = 1 << 20;
+
 /// Order-0 entropy of `data` in bytes, from a sample for large planes.
 fn estimate_o0_bytes(data: &[u8]) -> f64 {
-    let sample: &[u8] = if data.len() > 1 << 20 {
-        &data[..1 << 20]
+    let sample: &[u8] = if data.len() > O0_SAMPLE {
+        &data[..O0_SAMPLE]
     } else {
         data
     };
@@ -194,8 +210,12 @@ fn estimate_o0_bytes(data: &[u8]) -> f64 {
 
 /// Order-0 entropy of `data` in bytes.
 fn o0_bytes(data: &[u8]) -> f64 {
-    let hist = rans::histogram(data);
-    let n = data.len() as f64;
+    hist_o0_bytes(&rans::histogram(data), data.len())
+}
+
+/// Order-0 entropy in bytes of `len` bytes with histogram `hist`.
+fn hist_o0_bytes(hist: &[u64; 256], len: usize) -> f64 {
+    let n = len as f64;
     let bits: f64 = hist
         .iter()
         .filter(|&&c| c > 0)
@@ -315,20 +335,23 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
     let Some(k) = dividing_chunks(n, e) else {
         return byteplane_frame(raw, 4);
     };
-    let parts: Vec<Vec<Vec<u8>>> = raw[..n * 4]
-        .par_chunks(e * 4)
-        .map(|c| transform::bitfield_split(FLOAT32, c))
-        .collect();
-    let sign: Vec<u8> = parts.iter().flat_map(|p| p[0].iter().copied()).collect();
-    let exp: Vec<u8> = parts.iter().flat_map(|p| p[1].iter().copied()).collect();
-    let mut mant = Vec::with_capacity(3 * n);
-    for k in 0..3 {
-        for p in &parts {
-            let m = p[1].len();
-            mant.extend_from_slice(&p[2][k * m..(k + 1) * m]);
-        }
+    // Split straight into the planes, block by block in parallel (the
+    // mantissa plane is its three byte planes, low byte first).
+    let mut sign = vec![0u8; n.div_ceil(8)];
+    let mut exp = vec![0u8; n];
+    let mut mant = vec![0u8; 3 * n];
+    {
+        let (m0, rest) = mant.split_at_mut(n);
+        let (m1, m2) = rest.split_at_mut(n);
+        raw[..n * 4]
+            .par_chunks(e * 4)
+            .zip(sign.par_chunks_mut(e / 8))
+            .zip(exp.par_chunks_mut(e))
+            .zip(m0.par_chunks_mut(e))
+            .zip(m1.par_chunks_mut(e))
+            .zip(m2.par_chunks_mut(e))
+            .for_each(|(((((b, s), x), a), c), d)| transform::f32_split_into(b, s, x, [a, c, d]));
     }
-    drop(parts);
     let block = n / k;
     let (x, m) = rayon::join(
         || encode_plane(&exp, rans_chunks(n, k), rans_chunks(n, k) / k),

@@ -13,7 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
-use super::order0::{encode_with, EncTable};
+use super::order0::{encode_chunks, ENC_GROUP};
 use super::{
     check_table_sum, chunk_range, decode_stream_with, histogram, length_mismatch, normalize_freqs,
     normalize_freqs_to, out_len_is_large, rans_err, read_freq_table, zstd_decode_first_frame,
@@ -362,17 +362,44 @@ pub fn encode_method4(data: &[u8], k: usize) -> Vec<u8> {
 /// # Panics
 /// If `k` does not fit in a u32.
 pub fn encode_method4_shared(data: &[u8], k: usize, group: usize) -> Vec<u8> {
+    encode_method4_runs(data, k, group, &run_histograms(data, k, group))
+}
+
+/// The byte histograms of the runs of `group` consecutive chunks (of `k`)
+/// that [`encode_method4_shared`] gives one table each; parallel for
+/// inputs of at least 1 MiB. A caller that also wants the whole plane's
+/// histogram sums these instead of counting the plane twice.
+pub fn run_histograms(data: &[u8], k: usize, group: usize) -> Vec<[u64; 256]> {
     let (n, k, group) = (data.len() as u64, k.max(1), group.max(1));
     let runs = k.div_ceil(group);
-    let run_table = |r: usize| {
+    let run = |r: usize| {
         let a = chunk_range(n, k, r * group).start as usize;
         let b = chunk_range(n, k, ((r + 1) * group).min(k) - 1).end as usize;
-        chunk_freqs(&histogram(&data[a..b]))
+        histogram(&data[a..b])
     };
-    let tables: Vec<FreqTable> = if data.len() >= PAR_MIN_BYTES && runs > 1 {
-        (0..runs).into_par_iter().map(run_table).collect()
+    if data.len() >= PAR_MIN_BYTES && runs > 1 {
+        (0..runs).into_par_iter().map(run).collect()
     } else {
-        (0..runs).map(run_table).collect()
+        (0..runs).map(run).collect()
+    }
+}
+
+/// [`encode_method4_shared`] with the runs' histograms already counted
+/// ([`run_histograms`] of the same `data`, `k` and `group`).
+///
+/// # Panics
+/// If `k` does not fit in a u32, or `hists` is not one histogram per run.
+pub fn encode_method4_runs(data: &[u8], k: usize, group: usize, hists: &[[u64; 256]]) -> Vec<u8> {
+    let (k, group) = (k.max(1), group.max(1));
+    assert_eq!(
+        hists.len(),
+        k.div_ceil(group),
+        "encode_method4_runs: one histogram per run"
+    );
+    let tables: Vec<FreqTable> = if data.len() >= PAR_MIN_BYTES && hists.len() > 1 {
+        hists.par_iter().map(chunk_freqs).collect()
+    } else {
+        hists.iter().map(chunk_freqs).collect()
     };
     encode_method4_with(data, k, |j, _| tables[j / group])
 }
@@ -388,8 +415,10 @@ pub fn encode_method4_shared(data: &[u8], k: usize, group: usize) -> Vec<u8> {
 /// in a u32.
 pub fn encode_method4_uniform(data: &[u8], k: usize, bits: u32) -> Vec<u8> {
     let t = super::uniform_table(bits);
+    // An OR over the plane (vectorised) rather than `all`, whose early exit
+    // kept it scalar: this check cost a fifth of encoding the plane.
     assert!(
-        data.iter().all(|&v| u32::from(v) >> bits == 0),
+        u32::from(data.iter().fold(0u8, |a, &v| a | v)) >> bits == 0,
         "encode_method4_uniform: a symbol above {bits} bits"
     );
     encode_method4_with(data, k, |_, _| t)
@@ -409,46 +438,69 @@ fn encode_method4_with(
         k <= u32::MAX as usize,
         "encode_method4: k = {k} does not fit in u32"
     );
-    let chunk = |j: usize| -> &[u8] {
-        let r = chunk_range(n as u64, k, j);
-        &data[r.start as usize..r.end as usize]
-    };
-    let enc = |buf: &mut Vec<u8>, j: usize| -> (FreqTable, Vec<u8>) {
-        let c = chunk(j);
-        let freqs = table(j, c);
-        let tab = EncTable::new(&freqs);
-        if buf.len() < 2 * c.len() + 2 {
-            buf.resize(2 * c.len() + 2, 0);
-        }
-        let mut s = Vec::new();
-        encode_with(c, &tab, &mut buf[..2 * c.len() + 2], &mut s);
-        (freqs, s)
-    };
-    let results: Vec<(FreqTable, Vec<u8>)> = if n >= PAR_MIN_BYTES && k > 1 {
-        (0..k).into_par_iter().map_init(Vec::new, enc).collect()
+    let bounds: Vec<usize> = (0..k)
+        .map(|j| chunk_range(n as u64, k, j).start as usize)
+        .chain([n])
+        .collect();
+    let chunk = |j: usize| &data[bounds[j]..bounds[j + 1]];
+    let par = n >= PAR_MIN_BYTES && k > 1;
+    let freqs: Vec<FreqTable> = if par {
+        (0..k).into_par_iter().map(|j| table(j, chunk(j))).collect()
     } else {
-        let mut buf = Vec::new();
-        (0..k).map(|j| enc(&mut buf, j)).collect()
+        (0..k).map(|j| table(j, chunk(j))).collect()
     };
-    let mut tables = Vec::with_capacity(k * 512);
-    for (t, _) in &results {
+    let mut raw = Vec::with_capacity(k * 512);
+    for t in &freqs {
         for v in t {
-            tables.extend_from_slice(&v.to_le_bytes());
+            raw.extend_from_slice(&v.to_le_bytes());
         }
     }
-    let blob = ::zstd::bulk::compress(&tables, 3).expect("zstd compression of the freq tables");
-    let body: usize = results.iter().map(|(_, s)| s.len()).sum();
-    let mut out = Vec::with_capacity(16 + 4 * k + blob.len() + body);
-    out.extend_from_slice(&(n as u64 | ADAPT_FLAG).to_le_bytes());
-    out.extend_from_slice(&(k as u32).to_le_bytes());
-    out.extend_from_slice(&(blob.len() as u32).to_le_bytes());
-    for (_, s) in &results {
-        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    let blob = ::zstd::bulk::compress(&raw, 3).expect("zstd compression of the freq tables");
+    let head = 16 + 4 * k + blob.len();
+    // Chunks are encoded in groups (the vector encoder's unit), in
+    // parallel for large planes; one group's streams are appended straight
+    // to the payload.
+    let groups = k.div_ceil(ENC_GROUP);
+    let group = |g: usize| g * ENC_GROUP..((g + 1) * ENC_GROUP).min(k);
+    let mut out;
+    let mut lens = Vec::with_capacity(k);
+    if par && groups > 1 {
+        let parts: Vec<(Vec<u8>, Vec<usize>)> = (0..groups)
+            .into_par_iter()
+            .map_init(Vec::new, |scratch, g| {
+                let r = group(g);
+                let (mut s, mut l) = (Vec::new(), Vec::with_capacity(r.len()));
+                encode_chunks(
+                    data,
+                    &bounds[r.start..=r.end],
+                    &freqs[r],
+                    scratch,
+                    &mut s,
+                    &mut l,
+                );
+                (s, l)
+            })
+            .collect();
+        let body: usize = parts.iter().map(|(s, _)| s.len()).sum();
+        out = Vec::with_capacity(head + body);
+        out.resize(head, 0);
+        for (s, l) in &parts {
+            out.extend_from_slice(s);
+            lens.extend_from_slice(l);
+        }
+    } else {
+        out = Vec::with_capacity(head + n + n / 8);
+        out.resize(head, 0);
+        let mut scratch = Vec::new();
+        encode_chunks(data, &bounds, &freqs, &mut scratch, &mut out, &mut lens);
     }
-    out.extend_from_slice(&blob);
-    for (_, s) in &results {
-        out.extend_from_slice(s);
+    out[..8].copy_from_slice(&(n as u64 | ADAPT_FLAG).to_le_bytes());
+    out[8..12].copy_from_slice(&(k as u32).to_le_bytes());
+    out[12..16].copy_from_slice(&(blob.len() as u32).to_le_bytes());
+    for (d, &l) in out[16..16 + 4 * k].chunks_exact_mut(4).zip(&lens) {
+        d.copy_from_slice(&(l as u32).to_le_bytes());
     }
+    out[16 + 4 * k..head].copy_from_slice(&blob);
     out
 }
 

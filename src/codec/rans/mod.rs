@@ -28,6 +28,8 @@
 //! * `adaptive.rs`: plane method 4 (per-chunk tables, multi-chunk decoding;
 //!   the payload layout, `AdaptivePayload`, is parsed in `format::plane`);
 //! * `avx512.rs`: the AVX-512 decoder of method-4 chunk groups (x86-64 only);
+//! * `enc_avx512.rs`: its mirror, the AVX-512 encoder of up to 16 chunks at
+//!   once (output identical to the scalar encoder's);
 //! * `order1.rs`: the order-1 decoder, plane method 5.
 //!
 //! Each coder's tests sit beside it (method 4's in `adaptive_tests.rs`);
@@ -42,6 +44,8 @@ use crate::format::plane::{chunk_offsets, chunk_range, CHUNK_FLAG};
 mod adaptive;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod enc_avx512;
 mod model;
 mod order0;
 mod order1;
@@ -50,8 +54,8 @@ mod test_util;
 
 pub use crate::format::plane::{AdaptivePayload, CHUNK_GROUP};
 pub use adaptive::{
-    decode_chunk_pairs, decode_method4, encode_method4, encode_method4_shared,
-    encode_method4_uniform, DecodeTables,
+    decode_chunk_pairs, decode_method4, encode_method4, encode_method4_runs, encode_method4_shared,
+    encode_method4_uniform, run_histograms, DecodeTables,
 };
 pub use model::{histogram, normalize_freqs, normalize_freqs_to};
 pub use order0::{

@@ -103,6 +103,27 @@ fn enc_put(x: &mut u32, e: &EncSym, buf: &mut [u8], p: &mut usize) {
         .wrapping_add(q.wrapping_mul(u32::from(e.cmpl_freq)));
 }
 
+/// Encode symbols `from..data.len()` of `data` (lane of symbol `i` is
+/// `i & 3`) backwards onto states `x`, writing below `*p` in `buf`; returns
+/// false if one had frequency 0. The vector encoder's scalar part: it runs
+/// before the kernel on the symbols past the last common quad.
+fn encode_tail(
+    data: &[u8],
+    from: usize,
+    tab: &EncTable,
+    x: &mut [u32; 4],
+    buf: &mut [u8],
+    p: &mut usize,
+) -> bool {
+    let mut bad = false;
+    for i in (from..data.len()).rev() {
+        let e = &tab.0[data[i] as usize];
+        bad |= e.x_max == 0;
+        enc_put(&mut x[i & 3], e, buf, p);
+    }
+    !bad
+}
+
 /// Encode `data` into `buf` (len >= 2*n + 2) backwards; returns the four final
 /// states and the start of the emitted bytes (`buf[start..]`).
 fn encode_core(data: &[u8], tab: &EncTable, buf: &mut [u8]) -> ([u32; 4], usize) {
@@ -162,6 +183,231 @@ pub(super) fn encode_with(data: &[u8], tab: &EncTable, buf: &mut [u8], out: &mut
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&buf[start..]);
+}
+
+/// Chunks encoded together: one per vector lane.
+pub(super) const ENC_GROUP: usize = 16;
+/// Groups of fewer chunks than this go to the scalar encoder: a vector
+/// round costs the same whatever the lanes in use. With table gathers the
+/// kernel's round costs about what 6 chunks cost the scalar encoder;
+/// without (uniform or one windowed table), about 3.
+#[cfg(target_arch = "x86_64")]
+const ENC_MIN_LANES: [usize; 2] = [6, 3];
+
+/// Encodes chunks `bounds[c]..bounds[c+1]` of `data` (chunk `c` with
+/// `freqs[c]`), each as one 4-lane stream exactly as [`encode_stream`]
+/// would, and appends the streams to `out` back to back; pushes their
+/// lengths onto `lens`. Groups of up to [`ENC_GROUP`] chunks are encoded
+/// together with AVX-512 where available, one chunk per vector lane (the
+/// output is the same). `scratch` is reused between calls.
+///
+/// # Panics
+/// If `bounds.len() != freqs.len() + 1`, a bound is out of order or past
+/// `data`, a table does not sum to 16384 (a caller bug), or a chunk has a
+/// symbol of frequency 0.
+pub(super) fn encode_chunks(
+    data: &[u8],
+    bounds: &[usize],
+    freqs: &[FreqTable],
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    lens: &mut Vec<usize>,
+) {
+    assert_eq!(bounds.len(), freqs.len() + 1, "encode_chunks: bounds");
+    for (g, fs) in freqs.chunks(ENC_GROUP).enumerate() {
+        let b = &bounds[g * ENC_GROUP..g * ENC_GROUP + fs.len() + 1];
+        encode_group(data, b, fs, scratch, out, lens);
+    }
+}
+
+/// [`encode_chunks`] for one group of at most [`ENC_GROUP`] chunks. Each
+/// chunk `c` gets a region of `scratch` of `2 * len + 4` bytes and is
+/// encoded backwards from the region's end (at most 2 bytes a symbol; the
+/// vector encoder stores 4 bytes at a time, 2 below its position).
+fn encode_group(
+    data: &[u8],
+    bounds: &[usize],
+    fs: &[FreqTable],
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    lens: &mut Vec<usize>,
+) {
+    let g = fs.len();
+    debug_assert!(g <= ENC_GROUP && bounds.len() == g + 1);
+    // Consecutive chunks with the same table share one built table.
+    let mut owner = [0usize; ENC_GROUP];
+    let mut tabs: Vec<EncTable> = Vec::new();
+    for c in 0..g {
+        if c > 0 && fs[c] == fs[c - 1] {
+            owner[c] = owner[c - 1];
+        } else {
+            assert!(
+                check_table_sum(&fs[c]).is_ok(),
+                "encode_stream: table does not sum to 16384"
+            );
+            tabs.push(EncTable::new(&fs[c]));
+            owner[c] = tabs.len() - 1;
+        }
+    }
+    let chunk = |c: usize| &data[bounds[c]..bounds[c + 1]];
+    let mut ends = [0usize; ENC_GROUP];
+    let mut total = 0usize;
+    for (c, e) in ends.iter_mut().enumerate().take(g) {
+        total += 2 * chunk(c).len() + 4;
+        *e = total;
+    }
+    if scratch.len() < total {
+        scratch.resize(total, 0);
+    }
+    let mut states = [[RANS_L; 4]; ENC_GROUP];
+    let mut pos = ends;
+    #[cfg(target_arch = "x86_64")]
+    let vector_done = encode_group_avx512(
+        data,
+        bounds,
+        fs,
+        &tabs,
+        &owner,
+        scratch,
+        &mut states,
+        &mut pos,
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let vector_done = false;
+    if !vector_done {
+        for c in 0..g {
+            let start = ends[c] - (2 * chunk(c).len() + 4);
+            let (x, p) = encode_core(chunk(c), &tabs[owner[c]], &mut scratch[start..ends[c]]);
+            states[c] = x;
+            pos[c] = start + p;
+        }
+    }
+    let body: usize = (0..g).map(|c| 16 + ends[c] - pos[c]).sum();
+    out.reserve(body);
+    for c in 0..g {
+        for v in states[c] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&scratch[pos[c]..ends[c]]);
+        lens.push(16 + ends[c] - pos[c]);
+    }
+}
+
+/// The vector part of [`encode_group`]: returns false, having written
+/// nothing, where it does not apply (no AVX-512, too few chunks, offsets
+/// beyond `i32`); else sets every chunk's final states and the start of its
+/// bytes in `scratch` (`pos`, which enters as the regions' ends).
+#[cfg(target_arch = "x86_64")]
+fn encode_group_avx512(
+    data: &[u8],
+    bounds: &[usize],
+    fs: &[FreqTable],
+    tabs: &[EncTable],
+    owner: &[usize; ENC_GROUP],
+    scratch: &mut [u8],
+    states: &mut [[u32; 4]; ENC_GROUP],
+    pos: &mut [usize; ENC_GROUP],
+) -> bool {
+    use super::enc_avx512::{self, Lanes, Mode, SYMS, WINDOW};
+    let g = fs.len();
+    let base = bounds[0];
+    let span = bounds[g] - base;
+    let limit = i32::MAX as usize / 2;
+    if g < ENC_MIN_LANES[1] || span > limit || pos[g - 1] > limit || !enc_avx512::available() {
+        return false;
+    }
+    let chunk = |c: usize| &data[bounds[c]..bounds[c + 1]];
+    let quads = (0..g).map(|c| chunk(c).len() / 4).min().unwrap_or(0);
+    if quads == 0 {
+        return false;
+    }
+    let mode = match uniform_bits(&fs[0]) {
+        Some(b) if tabs.len() == 1 => Mode::Uniform(b),
+        _ if tabs.len() == 1 => {
+            // One table whose symbols span at most WINDOW values: held in
+            // registers instead of gathered.
+            let first = fs[0].iter().position(|&f| f != 0).unwrap_or(0);
+            let last = fs[0].iter().rposition(|&f| f != 0).unwrap_or(0);
+            let lo = first.min(SYMS - WINDOW as usize);
+            if last < lo + WINDOW as usize {
+                Mode::Window(lo as u32)
+            } else {
+                Mode::Tables
+            }
+        }
+        _ => Mode::Tables,
+    };
+    if mode == Mode::Tables && g < ENC_MIN_LANES[0] {
+        return false;
+    }
+    // The kernel's tables: per symbol the reciprocal and freq | bias << 16.
+    let (mut rcp, mut info) = (Vec::new(), Vec::new());
+    if !matches!(mode, Mode::Uniform(_)) {
+        rcp.reserve(SYMS * tabs.len());
+        info.reserve(SYMS * tabs.len());
+        for t in tabs {
+            for e in &t.0 {
+                let freq = if e.x_max == 0 {
+                    0
+                } else {
+                    PROB_SCALE - u32::from(e.cmpl_freq)
+                };
+                rcp.push(e.rcp_freq);
+                info.push(freq | e.bias << 16);
+            }
+        }
+    }
+    // Symbols past the last common quad first (encoding runs backwards).
+    let mut ok = true;
+    for c in 0..g {
+        let t = &tabs[owner[c]];
+        ok &= encode_tail(chunk(c), 4 * quads, t, &mut states[c], scratch, &mut pos[c]);
+    }
+    let mut lanes = Lanes {
+        x: [[0; 16]; 4],
+        p: [0; 16],
+        doff: [0; 16],
+        toff: [0; 16],
+        active: ((1u32 << g) - 1) as u16,
+    };
+    for c in 0..g {
+        for l in 0..4 {
+            lanes.x[l][c] = states[c][l];
+        }
+        lanes.p[c] = pos[c] as i32;
+        lanes.doff[c] = (bounds[c] - base) as i32;
+        lanes.toff[c] = (owner[c] * SYMS) as i32;
+    }
+    // SAFETY: `available()` was checked. Lane c reads data[bounds[c] ..
+    // bounds[c] + 4 * quads] (quads <= its length / 4), and writes its own
+    // region of `scratch`: [ends[c] - 2 len - 4, pos[c]), where pos[c] has
+    // moved down by at most 2 a symbol for the tail and moves down by at
+    // most 2 a symbol for the 4 * quads symbols left, so its 4-byte stores
+    // at pos - 4 stay at or above the region's start. Offsets fit i32
+    // (checked above); toff[c] + 256 <= rcp.len() with tables, and a
+    // window's lo + 32 <= 256 = rcp.len().
+    let kernel_ok = unsafe {
+        enc_avx512::encode_quads(
+            data[base..].as_ptr(),
+            scratch.as_mut_ptr(),
+            rcp.as_ptr(),
+            info.as_ptr(),
+            mode,
+            &mut lanes,
+            quads,
+        )
+    };
+    assert!(
+        ok && kernel_ok,
+        "encode_stream: data contains a symbol with frequency 0"
+    );
+    for c in 0..g {
+        for l in 0..4 {
+            states[c][l] = lanes.x[l][c];
+        }
+        pos[c] = lanes.p[c] as usize;
+    }
+    true
 }
 
 // ---------------------------------------------------------------------------
@@ -599,6 +845,258 @@ mod tests {
                 prop_assert_eq!(&out, &data);
             }
         }
+    }
+
+    // ----- chunk groups (the vector encoder) vs one stream at a time -----
+
+    /// A table of one of the shapes the encoders meet: a single symbol,
+    /// uniform over `0..2^b`, every byte, a few symbols plus freq-1 ones,
+    /// a coarse (multiples of 4) table, or symbols within 32 values.
+    fn shaped_table(r: &mut Rng, shape: u64) -> FreqTable {
+        let mut h = [0u64; 256];
+        match shape % 6 {
+            0 => h[(r.next() % 256) as usize] = 1,
+            5 => {
+                // Symbols within 32 values (the vector encoder's window),
+                // as an exponent plane's, sometimes at the top of the byte.
+                let lo = if r.next().is_multiple_of(3) {
+                    224
+                } else {
+                    r.next() % 225
+                } as usize;
+                for _ in 0..(r.next() % 20 + 1) {
+                    h[lo + (r.next() % 32) as usize] += r.next() % 100_000 + 1;
+                }
+            }
+            1 => return uniform_table(1 + (r.next() % 8) as u32),
+            2 => h.iter_mut().for_each(|v| *v = r.next() % 1000 + 1),
+            3 => {
+                for _ in 0..(r.next() % 40 + 1) {
+                    h[(r.next() % 256) as usize] += r.next() % 100_000 + 1;
+                }
+                h[(r.next() % 256) as usize] += 1 << 40; // forces freq-1 symbols
+            }
+            _ => {
+                for _ in 0..(r.next() % 40 + 1) {
+                    h[(r.next() % 256) as usize] += r.next() % 1000 + 1;
+                }
+                let mut c = normalize_freqs_to(&h, PROB_SCALE / 4);
+                c.iter_mut().for_each(|f| *f *= 4);
+                return c;
+            }
+        }
+        normalize_freqs(&h)
+    }
+
+    /// `n` symbols drawn from table `t` (every one has a non-zero freq):
+    /// mostly by slot, with every present symbol, freq-1 ones included,
+    /// also drawn directly now and then.
+    fn sample(r: &mut Rng, t: &FreqTable, n: usize) -> Vec<u8> {
+        let cum = cum_of(t);
+        let present: Vec<u8> = (0..256).filter(|&s| t[s] != 0).map(|s| s as u8).collect();
+        (0..n)
+            .map(|_| {
+                if r.next().is_multiple_of(16) {
+                    return present[(r.next() % present.len() as u64) as usize];
+                }
+                let slot = (r.next() % u64::from(PROB_SCALE)) as u32;
+                (0..256)
+                    .rev()
+                    .find(|&s| t[s] != 0 && cum[s] <= slot)
+                    .unwrap() as u8
+            })
+            .collect()
+    }
+
+    /// `g` chunks with tables shared as `share` says (0: each its own, 1:
+    /// runs, 2: one for all) and lengths as `lens` says (0: near-equal, as
+    /// method 4 cuts them; 1: anything up to `max`).
+    fn chunk_set(
+        seed: u64,
+        g: usize,
+        max: usize,
+        share: u8,
+        lens: u8,
+    ) -> (Vec<u8>, Vec<usize>, Vec<FreqTable>) {
+        let mut r = Rng(seed);
+        let shape = r.next();
+        let mut freqs: Vec<FreqTable> = Vec::with_capacity(g);
+        for c in 0..g {
+            let fresh = match share {
+                0 => true,
+                1 => c == 0 || r.next().is_multiple_of(4),
+                _ => c == 0,
+            };
+            let t = if fresh {
+                let sh = shape + r.next() % 2;
+                shaped_table(&mut r, sh)
+            } else {
+                freqs[c - 1]
+            };
+            freqs.push(t);
+        }
+        let base = (r.next() % (max as u64 + 1)) as usize;
+        let mut data = Vec::new();
+        let mut bounds = vec![0];
+        for f in &freqs {
+            let n = match lens {
+                0 => base + (r.next() % 2) as usize,
+                _ => (r.next() % (max as u64 + 1)) as usize,
+            };
+            data.extend(sample(&mut r, f, n));
+            bounds.push(data.len());
+        }
+        (data, bounds, freqs)
+    }
+
+    fn encode_each(data: &[u8], bounds: &[usize], freqs: &[FreqTable]) -> (Vec<u8>, Vec<usize>) {
+        let (mut out, mut lens) = (Vec::new(), Vec::new());
+        for (c, f) in freqs.iter().enumerate() {
+            let before = out.len();
+            encode_stream(&data[bounds[c]..bounds[c + 1]], f, &mut out);
+            lens.push(out.len() - before);
+        }
+        (out, lens)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn chunk_groups_match_one_stream_at_a_time(seed in any::<u64>(), g in prop_oneof![1usize..=16, 1usize..40], max in prop_oneof![0usize..12, 0usize..300, 0usize..5000], share in 0u8..3, lens in 0u8..2) {
+            let (data, bounds, freqs) = chunk_set(seed, g, max, share, lens);
+            let (want, want_lens) = encode_each(&data, &bounds, &freqs);
+            let mut scratch = vec![0x5A; 7]; // reused, dirty
+            let (mut got, mut got_lens) = (vec![0xEE], Vec::new());
+            encode_chunks(&data, &bounds, &freqs, &mut scratch, &mut got, &mut got_lens);
+            prop_assert_eq!(got[0], 0xEE); // appends
+            prop_assert_eq!(&got[1..], &want[..]);
+            prop_assert_eq!(&got_lens, &want_lens);
+            // and each stream decodes back to its chunk
+            let mut at = 1;
+            for (c, &l) in got_lens.iter().enumerate() {
+                let chunk = &data[bounds[c]..bounds[c + 1]];
+                let mut o = vec![0u8; chunk.len()];
+                decode_stream(&got[at..at + l], &freqs[c], &mut o).unwrap();
+                prop_assert_eq!(&o[..], chunk);
+                at += l;
+            }
+        }
+    }
+
+    #[test]
+    fn the_vector_encoder_takes_full_groups_and_matches_scalar() {
+        #[cfg(target_arch = "x86_64")]
+        for (seed, share, lens) in [(1u64, 0u8, 0u8), (2, 1, 1), (3, 2, 0), (4, 2, 1)] {
+            let (data, bounds, freqs) = chunk_set(seed, 16, 3000, share, lens);
+            if bounds.windows(2).any(|w| w[1] - w[0] < 4) {
+                continue;
+            }
+            let mut owner = [0usize; ENC_GROUP];
+            let mut tabs = Vec::new();
+            for c in 0..16 {
+                if c > 0 && freqs[c] == freqs[c - 1] {
+                    owner[c] = owner[c - 1];
+                } else {
+                    tabs.push(EncTable::new(&freqs[c]));
+                    owner[c] = tabs.len() - 1;
+                }
+            }
+            let mut ends = [0usize; ENC_GROUP];
+            let mut total = 0;
+            for c in 0..16 {
+                total += 2 * (bounds[c + 1] - bounds[c]) + 4;
+                ends[c] = total;
+            }
+            let mut scratch = vec![0u8; total];
+            let mut states = [[RANS_L; 4]; ENC_GROUP];
+            let mut pos = ends;
+            let ran = encode_group_avx512(
+                &data,
+                &bounds,
+                &freqs,
+                &tabs,
+                &owner,
+                &mut scratch,
+                &mut states,
+                &mut pos,
+            );
+            assert_eq!(ran, super::super::enc_avx512::available(), "seed {seed}");
+            if !ran {
+                continue;
+            }
+            let (want, _) = encode_each(&data, &bounds, &freqs);
+            let mut got = Vec::new();
+            for c in 0..16 {
+                for v in states[c] {
+                    got.extend_from_slice(&v.to_le_bytes());
+                }
+                got.extend_from_slice(&scratch[pos[c]..ends[c]]);
+            }
+            assert_eq!(got, want, "seed {seed}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "frequency 0")]
+    fn chunk_groups_panic_on_zero_freq_symbol() {
+        let f = normalize_freqs(&{
+            let mut h = [0u64; 256];
+            h[1] = 3;
+            h[2] = 1;
+            h
+        });
+        let mut data = vec![1u8; 16 * 100];
+        data[5] = 3; // early: inside the vector part
+        let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
+        encode_chunks(
+            &data,
+            &bounds,
+            &[f; 16],
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        );
+    }
+
+    #[test]
+    fn window_chunk_groups_panic_on_symbols_either_side_of_the_window() {
+        let mut h = [0u64; 256];
+        h[100..110].fill(5);
+        let f = normalize_freqs(&h);
+        for bad in [99u8, 110, 131, 200, 0] {
+            let mut data: Vec<u8> = (0..16 * 100).map(|i| 100 + (i % 10) as u8).collect();
+            data[300] = bad;
+            let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
+            let r = std::panic::catch_unwind(|| {
+                encode_chunks(
+                    &data,
+                    &bounds,
+                    &[f; 16],
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                )
+            });
+            assert!(r.is_err(), "symbol {bad} outside the table");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "frequency 0")]
+    fn uniform_chunk_groups_panic_on_a_symbol_above_the_table() {
+        let f = uniform_table(3);
+        let mut data = vec![7u8; 16 * 100];
+        data[700] = 8;
+        let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
+        encode_chunks(
+            &data,
+            &bounds,
+            &[f; 16],
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        );
     }
 
     // ----- malformed input -----
