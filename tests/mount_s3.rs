@@ -185,6 +185,29 @@ fn every_file_reads_identical_and_only_touched_frames_are_fetched() {
 }
 
 #[test]
+fn a_sequential_read_of_many_tensors_fetches_frames_ahead_in_few_requests() {
+    let f = fixture("frames", &[]);
+    let stored = std::fs::metadata(f.m.store.join("big.safetensors.zstn"))
+        .unwrap()
+        .len();
+    f.server.reset();
+    let got = std::fs::read(f.m.path("big.safetensors")).unwrap();
+    assert!(got == f.big, "the sequential read is exact");
+    let (gets, bytes) = f.server.gets();
+    eprintln!("sequential read of 8 tensors: {gets} GETs, {bytes} of {stored} stored bytes");
+    // Block by block, each tensor costs its frame's structure (a few
+    // small GETs) and a GET per plane per window of blocks. A reader
+    // going through the tensors in order gets the frames after the one
+    // it reads in the background, whole, in runs of up to 8 MiB.
+    assert!(
+        gets <= 20,
+        "a sequential read of 8 tensors took {gets} GETs"
+    );
+    // Nothing is fetched twice.
+    assert!(bytes <= stored, "{bytes} bytes fetched of {stored} stored");
+}
+
+#[test]
 fn the_disk_cache_survives_a_remount_and_serves_without_the_server() {
     let mut f = fixture("remount", &[]);
     read_all_identical(&f);

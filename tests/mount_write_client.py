@@ -4,6 +4,9 @@ checkpoints, run against a ckptfs mount.
 Usage: mount_write_client.py COMMAND ARGS...
   save PATH SEED N           safetensors.numpy.save_file of a bf16 + f32 model
   expect PATH SEED N         load PATH and compare with the model for SEED, N
+  version PATH N SEED...     read PATH whole (one open, read to the end):
+      prints the SEED whose model the bytes are, or "error: ..." when the
+      read failed (cleanly); exits non-zero when the bytes are none of them
   tmp_rename DIR NAME SEED N write DIR/.NAME.tmpXXXX, fsync, os.replace to NAME
   incomplete DIR NAME SEED N write DIR/NAME.incomplete, then rename to NAME
   reader_sees_old PATH SEED_OLD SEED_NEW N
@@ -46,6 +49,19 @@ def main():
     elif cmd == "expect":
         path, seed, n = args[0], int(args[1]), int(args[2])
         same(load_file(path), model(seed, n))
+    elif cmd == "version":
+        path, n, seeds = args[0], int(args[1]), [int(x) for x in args[2:]]
+        try:
+            with open(path, "rb") as f:
+                got = f.read()
+        except OSError as e:
+            print(f"error: {e}")
+            return
+        for seed in seeds:
+            if got == save_bytes(model(seed, n)):
+                print(seed)
+                return
+        sys.exit(f"{path}: {len(got)} bytes, the model of none of {seeds}")
     elif cmd == "tmp_rename":
         d, name, seed, n = args[0], args[1], int(args[2]), int(args[3])
         fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")

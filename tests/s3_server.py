@@ -9,13 +9,16 @@ of it that the tests stop and start to cut the network.
     python s3_server.py list ENDPOINT BUCKET PREFIX   # one "KEY SIZE" a line
 
 /__stats answers {"gets": n, "get_bytes": n, "ranges": ["bytes=a-b", ...],
-"keys": {key: bytes}} for the object GETs since the last /__reset.
+"keys": {key: bytes}, "log": [[start, seconds, bytes], ...]} for the object
+GETs since the last /__reset (start and seconds: when each began, on the
+server's monotonic clock, and how long it took to answer).
 """
 
 import json
 import socket
 import sys
 import threading
+import time
 
 def serve(port):
     from moto.server import DomainDispatcherApplication, create_backend_app
@@ -23,7 +26,7 @@ def serve(port):
 
     app = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
-    stats = {"gets": 0, "get_bytes": 0, "ranges": [], "keys": {}}
+    stats = {"gets": 0, "get_bytes": 0, "ranges": [], "keys": {}, "log": []}
 
     def counting(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -35,15 +38,18 @@ def serve(port):
             return [body]
         if path == "/__reset":
             with lock:
-                stats.update(gets=0, get_bytes=0, ranges=[], keys={})
+                stats.update(gets=0, get_bytes=0, ranges=[], keys={}, log=[])
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         is_get = environ["REQUEST_METHOD"] == "GET" and environ.get("QUERY_STRING", "") == ""
+        t0 = time.monotonic()
         result = app(environ, start_response)
         if not is_get:
             return result
         body = b"".join(result)
+        took = time.monotonic() - t0
         with lock:
+            stats["log"].append([t0, took, len(body)])
             stats["gets"] += 1
             stats["get_bytes"] += len(body)
             stats["ranges"].append(environ.get("HTTP_RANGE", ""))

@@ -67,6 +67,15 @@ impl Backing {
         }
     }
 
+    /// Starts fetching bytes `ranges` in the background when the backing
+    /// is a remote copy (read-ahead; a no-op otherwise): a later
+    /// [`Self::ensure_all`] of them waits for that fetch.
+    pub fn prefetch(&self, ranges: &[Range<u64>]) {
+        if let Backing::Remote(_, r) = self {
+            r.file().prefetch(ranges);
+        }
+    }
+
     /// After a check of bytes `ranges` failed: fetches them again from the
     /// server when the backing is a remote copy (true: try the check once
     /// more), else false (the damage is in the file itself).

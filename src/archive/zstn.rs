@@ -77,6 +77,12 @@ fn in_file(frame: &Range<u64>, rel: &[Range<usize>]) -> Vec<Range<u64>> {
 /// aligned window: about 5.5 MB of compressed bf16).
 const READ_AHEAD_BLOCKS: usize = 8;
 
+/// How far ahead of a sequential reader a remote archive fetches in the
+/// background (whole frames of the units after the one it reads, or the
+/// rest of a long frame past the window it decodes), within the
+/// read-ahead room the disk cache allows.
+const READ_AHEAD_BYTES: u64 = 64 << 20;
+
 pub struct ZstnArchive {
     path: PathBuf,
     map: Backing,
@@ -336,6 +342,19 @@ impl ZstnArchive {
     /// it is pinned in the disk cache until the grid is built.
     fn fetch_structure(&self, unit: u32) -> Result<(Vec<Range<u64>>, Option<Pin<'_>>)> {
         let frame = self.unit_frame(unit);
+        // A reader going through the units in order (the previous one was
+        // read, or its last byte is here or on its way): the frames after
+        // this one are fetched in the background, and this one whole, in
+        // one run (its structure and payloads: fewer, larger requests
+        // than block by block, which it is about to read anyway).
+        let len = frame.end - frame.start;
+        let room = self.map.read_ahead_room();
+        if self.follows_a_read_unit(unit) && len <= room.min(READ_AHEAD_BYTES) {
+            self.frames_ahead(unit, room - len);
+            let whole = vec![frame];
+            let pin = self.map.pin_all(&whole).map_err(|e| self.io(e))?;
+            return Ok((whole, pin));
+        }
         let bytes = self.frame_bytes(unit);
         let by_block = crate::format::frame::fetch_structure(bytes, &mut |r| {
             self.map.ensure_all(&in_file(&frame, &[r]))
@@ -355,6 +374,44 @@ impl ZstnArchive {
                 let pin = self.map.pin_all(&whole).map_err(|e| self.io(e))?;
                 Ok((whole, pin))
             }
+        }
+    }
+
+    /// True when the unit before `unit` is read or was (its grid is
+    /// built, or the first or last byte of its frame is fetched or being
+    /// fetched): `unit` is read by a reader going through the archive in
+    /// order (the mount decodes a few blocks ahead at once, so the two may
+    /// be asked for together).
+    fn follows_a_read_unit(&self, unit: u32) -> bool {
+        let Some(prev) = unit.checked_sub(1) else {
+            return false;
+        };
+        if self.units[prev as usize].grid.get().is_some() {
+            return true;
+        }
+        let f = self.unit_frame(prev);
+        f.start < f.end
+            && (self.map.has_or_fetching(&[f.start..f.start + 1])
+                || self.map.has_or_fetching(&[f.end - 1..f.end]))
+    }
+
+    /// Starts fetching in the background the frames of the units after
+    /// `unit`, up to [`READ_AHEAD_BYTES`] and `room` bytes in all (those
+    /// already here or on their way count too).
+    fn frames_ahead(&self, unit: u32, room: u64) {
+        let budget = room.min(READ_AHEAD_BYTES);
+        let mut used = 0u64;
+        let mut ahead = Vec::new();
+        for u in unit as usize + 1..self.units.len() {
+            let f = self.unit_frame(u as u32);
+            used += f.end - f.start;
+            if used > budget {
+                break;
+            }
+            ahead.push(f);
+        }
+        if !ahead.is_empty() {
+            self.map.prefetch(&ahead);
         }
     }
 
@@ -585,19 +642,40 @@ impl ArchiveView for ZstnArchive {
             let len = |rs: &[Range<u64>]| rs.iter().map(|r| r.end - r.start).sum::<u64>();
             let mut room = self.map.read_ahead_room().saturating_sub(len(&payload));
             let w0 = b / READ_AHEAD_BLOCKS * READ_AHEAD_BLOCKS;
-            for nb in (w0..grid.blocks()).take(READ_AHEAD_BLOCKS) {
+            let window = w0 + READ_AHEAD_BLOCKS;
+            // The window, fetched with this block; then the blocks after
+            // it, in the background (one run per plane).
+            let mut later = Vec::new();
+            let mut later_room = room.min(READ_AHEAD_BYTES);
+            for nb in w0..grid.blocks() {
                 let Some(rs) = block_ranges(bytes, &grid, nb) else {
                     continue;
                 };
                 let rs = in_file(&frame, &rs);
                 if nb == b || self.map.has_or_fetching(&rs) {
+                    if nb >= window {
+                        // Read ahead already (from here on, in order).
+                        break;
+                    }
                     continue;
                 }
-                if len(&rs) > room {
-                    break;
+                if nb < window {
+                    if len(&rs) > room {
+                        break;
+                    }
+                    room -= len(&rs);
+                    later_room = later_room.min(room);
+                    ahead.extend(rs);
+                } else {
+                    if len(&rs) > later_room {
+                        break;
+                    }
+                    later_room -= len(&rs);
+                    later.extend(rs);
                 }
-                room -= len(&rs);
-                ahead.extend(rs);
+            }
+            if !later.is_empty() {
+                self.map.prefetch(&later);
             }
         }
         // Fetched together (one coalesced run per plane) and kept while

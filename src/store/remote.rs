@@ -13,10 +13,11 @@
 //! large tensor moves about one compressed block. A range another thread
 //! is already fetching is waited for, not fetched twice.
 //!
-//! Durability: the fetched bytes are written into the mirror file and
-//! `fdatasync`ed *before* the range set that says they are there is
-//! persisted (atomically, beside the other state files), so after a crash
-//! the set never claims bytes the file does not hold. Nothing here trusts
+//! Durability: the fetched bytes are written into the mirror file before
+//! they are marked present, and the file is `fdatasync`ed before the
+//! range set that says they are there is persisted (atomically, beside the
+//! other state files), so after a crash the set never claims bytes the
+//! file does not hold. Nothing here trusts
 //! the cached bytes: the archive code checks every block against its own
 //! checksums and calls [`RemoteFile::refetch`] once when one fails.
 //!
@@ -51,6 +52,9 @@ pub const GAP: u64 = 32 << 10;
 pub const PART: u64 = 8 << 20;
 /// Ranged GETs in flight per `ensure`.
 pub const IN_FLIGHT: usize = 8;
+/// Background read-aheads ([`RemoteFile::prefetch`]) running at once per
+/// file.
+pub const PREFETCHES: usize = 2;
 
 /// What is persisted beside each mirror file.
 #[derive(Debug, Serialize, Deserialize)]
@@ -111,6 +115,10 @@ pub struct RemoteFile {
     /// yet accounted in `budget`: what a measurement of the file's
     /// allocation must not take for the file system's own overhead.
     unaccounted: AtomicU64,
+    /// Background read-aheads running ([`Self::prefetch`]).
+    prefetching: AtomicUsize,
+    /// Held while the state is saved (taken before `st`).
+    saving: Mutex<()>,
 }
 
 /// Bytes fetched from the server by this process (for tests and logs).
@@ -160,6 +168,8 @@ impl RemoteFile {
                 budget: budget.clone(),
                 id: budget.attach(me, last_use),
                 unaccounted: AtomicU64::new(0),
+                prefetching: AtomicUsize::new(0),
+                saving: Mutex::new(()),
             }
         });
         let tick = (last_use > 0).then_some(last_use);
@@ -318,81 +328,145 @@ impl RemoteFile {
         loop {
             let mine = {
                 let mut st = self.st.lock();
-                let missing: Vec<Range<u64>> = ranges
-                    .iter()
-                    .flat_map(|r| {
-                        st.present
-                            .missing(r.start.min(self.size)..r.end.min(self.size))
-                    })
-                    .collect();
+                let missing = self.missing(&st, ranges);
                 if missing.is_empty() {
                     drop(st);
                     self.budget.touch(self.id, ranges, kind);
                     return Ok(());
                 }
-                // Fetch the widened runs of what is missing, less what is
-                // present or already being fetched.
-                let mut mine = Vec::new();
-                for run in coalesce(&missing, ALIGN, GAP, self.size) {
-                    for m in st.present.missing(run) {
-                        mine.extend(st.inflight.missing(m));
-                    }
-                }
+                let mine = Self::claim(&mut st, &missing, self.size);
                 if mine.is_empty() {
                     // Everything missing is being fetched by others: wait
                     // for them (bounded: they give up within their deadline).
                     self.cv.wait_for(&mut st, Duration::from_millis(500));
                     continue;
                 }
-                for r in &mine {
-                    st.inflight.insert(r.clone());
-                }
                 mine
             };
-            let page = self.budget.page();
-            let pages: u64 = mine
-                .iter()
-                .map(|r| (r.end.div_ceil(page) - r.start / page) * page)
-                .sum();
-            self.unaccounted.fetch_add(pages, Ordering::Relaxed);
-            // Room for the bytes and their partial pages.
-            let want: u64 = mine.iter().map(|r| r.end - r.start + 2 * page).sum();
-            self.budget.make_room(want);
-            let r = self.fetch(&mine);
+            self.fetch_claimed(&mine, kind)?;
+        }
+    }
+
+    /// The parts of `ranges` (clamped to the object) not present.
+    fn missing(&self, st: &Fetching, ranges: &[Range<u64>]) -> Vec<Range<u64>> {
+        ranges
+            .iter()
+            .flat_map(|r| {
+                st.present
+                    .missing(r.start.min(self.size)..r.end.min(self.size))
+            })
+            .collect()
+    }
+
+    /// Marks as being fetched, and returns, the widened runs of `missing`
+    /// less what is present or already being fetched by another thread.
+    fn claim(st: &mut Fetching, missing: &[Range<u64>], size: u64) -> Vec<Range<u64>> {
+        let mut mine = Vec::new();
+        for run in coalesce(missing, ALIGN, GAP, size) {
+            for m in st.present.missing(run) {
+                mine.extend(st.inflight.missing(m));
+            }
+        }
+        for r in &mine {
+            st.inflight.insert(r.clone());
+        }
+        mine
+    }
+
+    /// Fetches the ranges `mine` this thread claimed ([`Self::claim`]).
+    /// Each part is marked present (and its waiters woken) as soon as its
+    /// bytes are written, so a reader waiting for the first
+    /// bytes of a long read-ahead does not wait for the last; on an error
+    /// what was not fetched is no longer marked as being fetched. The
+    /// fetched bytes are accounted in the disk cache as `kind`.
+    fn fetch_claimed(&self, mine: &[Range<u64>], kind: Kind) -> io::Result<()> {
+        let page = self.budget.page();
+        let pages: u64 = mine
+            .iter()
+            .map(|r| (r.end.div_ceil(page) - r.start / page) * page)
+            .sum();
+        self.unaccounted.fetch_add(pages, Ordering::Relaxed);
+        // Room for the bytes and their partial pages.
+        let want: u64 = mine.iter().map(|r| r.end - r.start + 2 * page).sum();
+        self.budget.make_room(want);
+        let mut done = Vec::new();
+        let r = self.fetch(mine, &mut |part| {
             {
                 let mut st = self.st.lock();
-                for m in &mine {
-                    st.inflight.remove(m.clone());
-                }
-                match &r {
-                    Ok(()) => {
-                        for m in &mine {
-                            st.present.insert(m.clone());
-                        }
-                    }
-                    // What the failed fetch wrote is not held: freed (but
-                    // for pages shared with bytes held or being fetched),
-                    // so it never occupies the cache unaccounted.
-                    Err(_) => {
-                        let keep = st.held_or_fetching();
-                        for m in &mine {
-                            self.punch(&keep, m.clone());
-                        }
-                    }
-                }
+                st.inflight.remove(part.clone());
+                st.present.insert(part.clone());
             }
             self.cv.notify_all();
-            if let Err(e) = r {
-                self.unaccounted.fetch_sub(pages, Ordering::Relaxed);
-                self.measure();
-                log::warn!("{e}");
-                return Err(e);
+            done.push(part.clone());
+        });
+        {
+            let mut st = self.st.lock();
+            for m in mine {
+                st.inflight.remove(m.clone());
             }
+            // What a failed fetch wrote and did not finish is not held:
+            // freed (but for pages shared with bytes held or being
+            // fetched), so it never occupies the cache unaccounted.
+            if r.is_err() {
+                let keep = st.held_or_fetching();
+                for m in mine {
+                    self.punch(&keep, m.clone());
+                }
+            }
+        }
+        self.cv.notify_all();
+        if !done.is_empty() {
             self.persist();
-            self.budget.added(self.id, &mine, kind, None);
-            self.unaccounted.fetch_sub(pages, Ordering::Relaxed);
-            self.measure();
-            self.budget.enforce();
+            self.budget.added(self.id, &done, kind, None);
+        }
+        self.unaccounted.fetch_sub(pages, Ordering::Relaxed);
+        self.measure();
+        if let Err(e) = r {
+            log::warn!("{e}");
+            return Err(e);
+        }
+        self.budget.enforce();
+        Ok(())
+    }
+
+    /// Starts fetching the missing bytes of `ranges` in the background
+    /// (read-ahead) and returns at once: a reader that needs them later
+    /// waits for that fetch instead of starting its own. At most
+    /// [`PREFETCHES`] run per file; beyond that, or when a thread cannot
+    /// be started, nothing is fetched (the reader fetches what it needs
+    /// itself). A failure is only logged: the reader's own fetch reports
+    /// it. The bytes are cached as block payloads (evictable).
+    pub fn prefetch(self: &Arc<Self>, ranges: &[Range<u64>]) {
+        if self.prefetching.fetch_add(1, Ordering::AcqRel) >= PREFETCHES {
+            self.prefetching.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let mine = {
+            let mut st = self.st.lock();
+            let missing = self.missing(&st, ranges);
+            Self::claim(&mut st, &missing, self.size)
+        };
+        if mine.is_empty() {
+            self.prefetching.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let me = self.clone();
+        let unclaim = mine.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ckptfs-s3-ahead".into())
+            .spawn(move || {
+                let _ = me.fetch_claimed(&mine, Kind::Block);
+                me.prefetching.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            log::debug!("{}: no read-ahead: {e}", self.name());
+            let mut st = self.st.lock();
+            for m in &unclaim {
+                st.inflight.remove(m.clone());
+            }
+            drop(st);
+            self.cv.notify_all();
+            self.prefetching.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -421,8 +495,11 @@ impl RemoteFile {
         self.ensure_all(ranges)
     }
 
-    /// Fetches `ranges` into the mirror file and syncs it.
-    fn fetch(&self, ranges: &[Range<u64>]) -> io::Result<()> {
+    /// Fetches `ranges` into the mirror file, in parts of at most
+    /// [`PART`] bytes, up to [`IN_FLIGHT`] at once; `done` is told of each
+    /// part once its bytes are written (not yet synced: see
+    /// [`Self::persist_locked`]).
+    fn fetch(&self, ranges: &[Range<u64>], done: &mut dyn FnMut(&Range<u64>)) -> io::Result<()> {
         let parts: Vec<Range<u64>> = ranges
             .iter()
             .flat_map(|r| {
@@ -440,9 +517,9 @@ impl RemoteFile {
             .get_ranges(&self.rel, &parts, &self.etag, IN_FLIGHT, &mut |r, bytes| {
                 self.file.write_all_at(bytes, r.start)?;
                 FETCHED_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                done(r);
                 Ok(())
-            })?;
-        self.file.sync_data()
+            })
     }
 
     /// Writes the range set (after the bytes it names are synced). A
@@ -456,20 +533,34 @@ impl RemoteFile {
         }
     }
 
+    /// Saves the state: the ranges present now, after syncing the mirror
+    /// file. Every range in the set was written before it was marked
+    /// present (by any thread), so the set taken before the sync never
+    /// claims bytes a crash could lose. Saves are serialized (`saving`),
+    /// so an older set never replaces a newer one; the sync runs without
+    /// the state lock, so readers are not held up by it.
     pub fn persist_now(&self) -> io::Result<()> {
-        let st = self.st.lock();
-        self.persist_locked(&st)
+        let _saving = self.saving.lock();
+        let present = self.st.lock().present.pairs();
+        self.file.sync_data()?;
+        self.write_state(present)
     }
 
-    /// Writes the state `st` (the caller holds the lock).
+    /// [`Self::persist_now`] for a caller that holds `saving` and the
+    /// state lock.
     fn persist_locked(&self, st: &Fetching) -> io::Result<()> {
+        self.file.sync_data()?;
+        self.write_state(st.present.pairs())
+    }
+
+    fn write_state(&self, ranges: Vec<(u64, u64)>) -> io::Result<()> {
         let state = State {
             rel: self.rel.clone(),
             etag: self.etag.clone(),
             size: self.size,
             mtime: self.mtime,
             ino: self.ino,
-            ranges: st.present.pairs(),
+            ranges,
             used: self.budget.now(),
         };
         crate::fsutil::write_atomic(&self.state_path, true, |w| {
@@ -490,6 +581,7 @@ impl Evict for RemoteFile {
     /// while nothing uses the file. The state is saved without them
     /// before their pages are freed, so it never claims freed bytes.
     fn evict(&self, ranges: &[(Range<u64>, Kind)]) -> Vec<Range<u64>> {
+        let _saving = self.saving.lock();
         let mut st = self.st.lock();
         if st.detached {
             return Vec::new();
