@@ -158,25 +158,10 @@ fn decode_rans_range(
 /// Encodes a method-2 payload: independent zstd frames of `block_size`
 /// bytes (the last shorter), each with its content size.
 pub fn encode_zstd_blocks(data: &[u8], block_size: usize, level: i32) -> Vec<u8> {
-    encode_zstd_blocks_min(data, block_size, &[level])
-}
-
-/// [`encode_zstd_blocks`] with each block compressed at every level of
-/// `levels` and kept at whichever is smallest (the first on a tie). Blocks
-/// are independent frames, so the decoder does not see the level: on
-/// sparse planes (an XOR's middle bytes) level 1 often beats level 3, whose
-/// extra short matches cost more than the literals they replace.
-pub fn encode_zstd_blocks_min(data: &[u8], block_size: usize, levels: &[i32]) -> Vec<u8> {
     use rayon::prelude::*;
     let frames: Vec<Vec<u8>> = data
         .par_chunks(block_size.max(1))
-        .map(|c| {
-            levels
-                .iter()
-                .map(|&l| zstd::compress(c, l))
-                .reduce(|a, b| if b.len() < a.len() { b } else { a })
-                .unwrap_or_else(|| zstd::compress(c, 3))
-        })
+        .map(|c| zstd::compress(c, level))
         .collect();
     let mut v =
         Vec::with_capacity(8 + frames.len() * 4 + frames.iter().map(Vec::len).sum::<usize>());
