@@ -128,6 +128,15 @@ pub struct Params {
     /// Window log; `None` keeps the level default. Capped at [`MAX_WINDOW_LOG`].
     pub window_log: Option<u32>,
     pub long_distance: bool,
+    /// Near-random bytes (the low bytes of a sparse XOR's moved elements):
+    /// the optimal parser (btultra) with the least search (window 2^18,
+    /// hash and chain logs 12, search log 1, minimum match 7, target length
+    /// 8). Its literal pricing is what wins on such data, where level 1's
+    /// short matches cost more than the literals they replace; it runs at a
+    /// small fraction of level 19's time and matched or beat it on the XOR
+    /// planes measured (`scripts/bench-delta.sh`). Overrides `level`'s
+    /// parameters except the window, which `window_log` may still set.
+    pub literal_heavy: bool,
 }
 
 impl Params {
@@ -136,6 +145,15 @@ impl Params {
             level,
             window_log: None,
             long_distance: false,
+            literal_heavy: false,
+        }
+    }
+
+    /// [`Params::literal_heavy`].
+    pub fn literal_heavy() -> Self {
+        Params {
+            literal_heavy: true,
+            ..Params::level(19)
         }
     }
 }
@@ -150,6 +168,15 @@ pub fn compress_into(src: &[u8], params: Params, out: &mut Vec<u8>) {
         let _ = cctx.set_parameter(CParameter::CompressionLevel(params.level));
         let _ = cctx.set_parameter(CParameter::ContentSizeFlag(true));
         let _ = cctx.set_parameter(CParameter::ChecksumFlag(false));
+        if params.literal_heavy {
+            let _ = cctx.set_parameter(CParameter::Strategy(zstd_safe::Strategy::ZSTD_btultra));
+            let _ = cctx.set_parameter(CParameter::WindowLog(18));
+            let _ = cctx.set_parameter(CParameter::HashLog(12));
+            let _ = cctx.set_parameter(CParameter::ChainLog(12));
+            let _ = cctx.set_parameter(CParameter::SearchLog(1));
+            let _ = cctx.set_parameter(CParameter::MinMatch(7));
+            let _ = cctx.set_parameter(CParameter::TargetLength(8));
+        }
         if let Some(w) = params.window_log {
             let _ = cctx.set_parameter(CParameter::WindowLog(w.clamp(10, MAX_WINDOW_LOG)));
         }

@@ -931,3 +931,43 @@ pub fn render_z4ai(transform: Transform, tail: &[u8], planes: &[PlaneOut]) -> Ve
     }
     v
 }
+
+/// Renders a `ZSP1` v1 sparse frame as z4ai writes it inside a ZSTN (flags
+/// 0, no NumPy dtype or shape): `count` elements of `width` bytes of which
+/// `nnz` are not all-zero, `bitmap` one zstd frame (with its content size)
+/// of their flags packed MSB first, and `values` the `width` byte-plane
+/// streams of the `nnz` non-zero elements in order (method 0 or 1), in a
+/// nested `ZRT1` v2 frame, absent when `nnz` is 0.
+pub fn render_zsp1(
+    width: u8,
+    count: u64,
+    nnz: u64,
+    tail: &[u8],
+    bitmap: &[u8],
+    values: &[PlaneOut],
+) -> Vec<u8> {
+    let total: usize = values.iter().map(|p| 17 + p.payload.len()).sum();
+    let mut v = Vec::with_capacity(64 + tail.len() + bitmap.len() + total);
+    v.extend_from_slice(b"ZSP1");
+    v.extend_from_slice(&[1, width, 0, 0]);
+    v.extend_from_slice(&count.to_le_bytes());
+    v.extend_from_slice(&nnz.to_le_bytes());
+    v.extend_from_slice(&(tail.len() as u32).to_le_bytes());
+    v.extend_from_slice(&[0, 0]); // dtype_len, ndim
+    v.extend_from_slice(tail);
+    v.extend_from_slice(&(bitmap.len() as u64).to_le_bytes());
+    v.extend_from_slice(bitmap);
+    if nnz > 0 {
+        v.extend_from_slice(b"ZRT1");
+        v.extend_from_slice(&[2, width]);
+        v.extend_from_slice(&(nnz * width as u64).to_le_bytes());
+        v.extend_from_slice(&[1, values.len() as u8]);
+        for p in values {
+            v.push(p.method);
+            v.extend_from_slice(&p.orig_len.to_le_bytes());
+            v.extend_from_slice(&(p.payload.len() as u64).to_le_bytes());
+            v.extend_from_slice(&p.payload);
+        }
+    }
+    v
+}

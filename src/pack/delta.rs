@@ -148,7 +148,7 @@ const XOR_CHUNK: usize = 1 << 20;
 /// True when a float tensor's own frame cannot beat a delta of
 /// `delta_len` bytes, so packing it alone is skipped (about half the work
 /// of a dense training step): the delta is below 80% of an estimate of the
-/// smallest the tensor's frame can be, from up to four 256 KiB slices of
+/// smallest the tensor's frame can be, from up to four 64 KiB slices of
 /// it: the order-0 entropy of their byte planes (ckptfs's float frames come
 /// within a few percent of it on weights) or their zstd level-1 size,
 /// whichever is smaller (repeats that an order-0 model misses, such as a
@@ -156,7 +156,7 @@ const XOR_CHUNK: usize = 1 << 20;
 /// length). Other dtypes and tensors under 64 KiB are always packed both
 /// ways.
 fn full_cannot_win(dtype: Option<Dtype>, raw: &[u8], delta_len: usize) -> bool {
-    const SLICE: usize = 256 << 10;
+    const SLICE: usize = 64 << 10;
     let w = match dtype {
         Some(Dtype::BF16) | Some(Dtype::F16) => 2,
         Some(Dtype::F32) => 4,
@@ -392,7 +392,7 @@ mod tests {
         // Random bytes per element (high order-0 entropy), repeated every
         // 4 KiB: zstd codes it in a few KiB, so a 10% delta must not stop
         // the full frame from being tried. (Repeats further apart than a
-        // good part of a 256 KiB slice are not seen: see the doc.)
+        // good part of a 64 KiB slice are not seen: see the doc.)
         let tile = weights(1 << 10, 3);
         let raw: Vec<u8> = tile.iter().copied().cycle().take(4 << 20).collect();
         assert!(!full_cannot_win(Some(Dtype::F32), &raw, raw.len() / 10));

@@ -25,8 +25,11 @@ use super::{PackError, PackOptions};
 use crate::codec::plane::{self, encode_zstd_blocks};
 use crate::codec::rans;
 use crate::codec::transform::{self, BFLOAT16};
+use crate::codec::zstd::Params;
 use crate::format::ckx;
-use crate::format::frame::{block_grid, render_z4ai, Frame, PlaneOut, Transform, BLOCK_BYTES};
+use crate::format::frame::{
+    block_grid, render_z4ai, render_zsp1, Frame, PlaneOut, Transform, BLOCK_BYTES,
+};
 use crate::format::safetensors::{self, Dtype};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -66,11 +69,21 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
 /// Compresses the XOR of a tensor with its base (a DELTA record's frame).
 /// Mostly zero with small low-order differences, so the bit-field frame's
 /// stored sign plane (1/16 of a bf16 tensor) would dominate: float XORs go
-/// in byte-plane frames ([`xor_byteplane_frame`]) or opaque zstd, whichever
-/// is smaller; zstd is tried only where it can win: below 64 KiB (rANS
-/// tables cost more there) or where the byte planes compress 8x (long zero
-/// runs, which LZ codes better).
-/// Same block grids as [`encode_tensor`].
+/// in byte-plane frames ([`xor_byteplane_frame`]), opaque zstd, or, where
+/// they win, whole-tensor frames, whichever is smallest. Each candidate is
+/// tried only where it can win:
+/// - opaque zstd below 64 KiB (rANS tables cost more there) or where the
+///   byte planes compress 8x (long zero runs, which LZ codes better);
+/// - byte planes each in one zstd frame at level 19 ([`small_planes_frame`])
+///   up to [`SMALL_XOR`] bytes (biases, norms: one block anyway);
+/// - a `ZSP1` sparse frame ([`sparse_frame`]) when at most a quarter of the
+///   elements differ, up to [`SPARSE_MAX`] bytes. It is one block of the
+///   whole tensor (a read anywhere in it decodes all of it), which is why
+///   its size is bounded; it wins where few rows moved (a token embedding
+///   after a step that saw a few hundred tokens), as in z4ai.
+///
+/// Same block grids as [`encode_tensor`] for the byte-plane and opaque
+/// frames.
 pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8> {
     let w = match dtype {
         _ if xor.len() < TINY => return opaque_frame(xor, opts),
@@ -79,14 +92,166 @@ pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8
         Some(Dtype::F64) => 8,
         _ => return opaque_frame(xor, opts),
     };
-    let p = xor_byteplane_frame(xor, w, opts.level);
-    if xor.len() <= 64 << 10 || p.len() < xor.len() / 8 {
-        let o = opaque_frame(xor, opts);
-        if o.len() < p.len() {
-            return o;
+    let p = xor_byteplane_frame(xor, w);
+    let opaque = xor.len() <= 64 << 10 || p.len() < xor.len() / 8;
+    let mut best = p;
+    let mut keep = |f: Vec<u8>| {
+        if f.len() < best.len() {
+            best = f;
+        }
+    };
+    if opaque {
+        keep(opaque_frame(xor, opts));
+    }
+    if xor.len() <= SMALL_XOR {
+        keep(small_planes_frame(xor, w));
+    }
+    if let Some(f) = sparse_frame(xor, w) {
+        keep(f);
+    }
+    best
+}
+
+/// True if any byte of `b` is not zero (a word at a time).
+fn any_nonzero(b: &[u8]) -> bool {
+    let mut words = b.chunks_exact(8);
+    let any = words.any(|x| u64::from_ne_bytes(x.try_into().expect("8 bytes")) != 0);
+    any || words.remainder().iter().any(|&x| x != 0)
+}
+
+/// The largest XOR also tried as one zstd frame per byte plane.
+pub const SMALL_XOR: usize = 64 << 10;
+
+/// The largest XOR tried as a `ZSP1` sparse frame, which decodes whole.
+pub const SPARSE_MAX: usize = 64 << 20;
+
+/// A byte-plane frame of `raw` with every plane one zstd frame (method 1)
+/// at level 19, or stored: for small tensors, where per-block structure
+/// buys nothing and the strongest level costs little.
+fn small_planes_frame(raw: &[u8], w: usize) -> Vec<u8> {
+    let n = raw.len() / w;
+    let outs: Vec<PlaneOut> = split_planes(raw, w)
+        .iter()
+        .map(|p| zstd_or_stored(p, &[Params::level(19)]))
+        .collect();
+    render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
+}
+
+/// One zstd frame (method 1) of `p` with the smallest of `params`, or the
+/// plane stored if that is not smaller.
+fn zstd_or_stored(p: &[u8], params: &[Params]) -> PlaneOut {
+    let z = params
+        .iter()
+        .map(|&c| {
+            let mut out = Vec::new();
+            crate::codec::zstd::compress_into(p, c, &mut out);
+            out
+        })
+        .reduce(|a, b| if b.len() < a.len() { b } else { a });
+    match z {
+        Some(z) if z.len() < p.len() => PlaneOut {
+            method: plane::ZSTD,
+            orig_len: p.len() as u64,
+            payload: z,
+        },
+        _ => PlaneOut {
+            method: plane::STORE,
+            orig_len: p.len() as u64,
+            payload: p.to_vec(),
+        },
+    }
+}
+
+/// `raw` (elements of `w` bytes) as a `ZSP1` sparse frame, as z4ai writes
+/// for a sparse XOR: the zstd of a bitmap of the elements that are not all
+/// zero, and those elements' byte planes, each one zstd frame (level 1 or
+/// [`Params::literal_heavy`], whichever is smaller: the low byte of the
+/// moved elements is near uniform, where the optimal parser's literal
+/// pricing saves 5-6% over level 1; z4ai writes level 1).
+/// `None` when more than a quarter of the elements differ (byte planes win
+/// there) or `raw` is above [`SPARSE_MAX`].
+fn sparse_frame(raw: &[u8], w: usize) -> Option<Vec<u8>> {
+    let n = raw.len() / w;
+    if n == 0 || raw.len() > SPARSE_MAX {
+        return None;
+    }
+    let body = &raw[..n * w];
+    let nonzero = |e: &[u8]| e.iter().any(|&b| b != 0);
+    // A dense XOR (every weight matrix of a training step: a quarter to
+    // two thirds of the elements move) is ruled out from 32 slices of 256
+    // elements before the full count: over 30% of them moved (the sample's
+    // standard error is about 0.5%).
+    if n >= 1 << 14 {
+        let step = n / 32;
+        let moved: usize = (0..32)
+            .map(|k| {
+                let at = k * step * w;
+                body[at..at + 256 * w]
+                    .chunks_exact(w)
+                    .filter(|e| nonzero(e))
+                    .count()
+            })
+            .sum();
+        if moved * 10 > 3 * 32 * 256 {
+            return None;
         }
     }
-    p
+    // Groups of 8 elements (one bitmap byte), checked a word at a time:
+    // in a sparse XOR nearly all of them are zero.
+    let group = 8 * w;
+    let nnz: usize = body
+        .par_chunks(group << 12)
+        .map(|c| {
+            c.chunks(group)
+                .filter(|g| any_nonzero(g))
+                .map(|g| g.chunks_exact(w).filter(|e| nonzero(e)).count())
+                .sum::<usize>()
+        })
+        .sum();
+    if nnz * 4 > n {
+        return None;
+    }
+    let mut bitmap = vec![0u8; n.div_ceil(8)];
+    let mut planes: Vec<Vec<u8>> = (0..w).map(|_| Vec::with_capacity(nnz)).collect();
+    for (bits, c) in bitmap.iter_mut().zip(body.chunks(group)) {
+        if !any_nonzero(c) {
+            continue;
+        }
+        for (k, e) in c.chunks_exact(w).enumerate() {
+            if nonzero(e) {
+                *bits |= 0x80 >> k;
+                for (p, &b) in planes.iter_mut().zip(e) {
+                    p.push(b);
+                }
+            }
+        }
+    }
+    let (bitmap_z, values) = rayon::join(
+        || crate::codec::zstd::compress(&bitmap, 12),
+        || {
+            planes
+                .par_iter()
+                .map(|p| {
+                    if nnz == 0 {
+                        return None;
+                    }
+                    Some(zstd_or_stored(
+                        p,
+                        &[Params::level(1), Params::literal_heavy()],
+                    ))
+                })
+                .collect::<Option<Vec<PlaneOut>>>()
+                .unwrap_or_default()
+        },
+    );
+    Some(render_zsp1(
+        w as u8,
+        n as u64,
+        nnz as u64,
+        &raw[n * w..],
+        &bitmap_z,
+        &values,
+    ))
 }
 
 /// An XOR as a byte-plane frame made to decode fast: the decoder's cost
@@ -100,13 +265,13 @@ pub fn encode_xor(dtype: Option<Dtype>, xor: &[u8], opts: PackOptions) -> Vec<u8
 ///   bytes of a training step, every byte of an embedding whose rows mostly
 ///   did not move) also tries zstd blocks, and keeps them unless they cost
 ///   more than 1/256 bit per symbol over rANS: LZ skips a run of zeros in
-///   one match, where rANS decodes each zero. On the bf16 embedding of
+///   one match, where rANS decodes each zero (blocks at [`XOR_ZSTD_LEVEL`]). On the bf16 embedding of
 ///   `scripts/bench-delta.sh`'s step 0->1 zstd is also the smaller. rANS
 ///   is not run when zstd is already within that margin of the entropy
 ///   (which no rANS plane beats), which saves packing time.
 ///
 /// Element counts without such a divisor keep [`byteplane_frame`].
-fn xor_byteplane_frame(raw: &[u8], w: usize, level: i32) -> Vec<u8> {
+fn xor_byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     let n = raw.len() / w;
     let Some(b) = dividing_chunks(n, block_elems(w)) else {
         return byteplane_frame(raw, w);
@@ -125,12 +290,21 @@ fn xor_byteplane_frame(raw: &[u8], w: usize, level: i32) -> Vec<u8> {
                 f64::INFINITY
             };
             if entropy >= p.len() as f64 / 8.0 {
-                return encode_plane(p, k, k / b);
+                let shared = encode_plane(p, k, k / b);
+                if !non_stationary(p, k, k / b) {
+                    return shared;
+                }
+                let own = encode_plane(p, k, 1);
+                return if own.payload.len() < shared.payload.len() {
+                    own
+                } else {
+                    shared
+                };
             }
             let z = PlaneOut {
                 method: plane::ZSTD_BLOCKS,
                 orig_len: p.len() as u64,
-                payload: encode_zstd_blocks(p, n / b, level),
+                payload: encode_zstd_blocks(p, n / b, XOR_ZSTD_LEVEL),
             };
             if z.payload.len() as f64 <= entropy + slack as f64 {
                 return z;
@@ -145,6 +319,38 @@ fn xor_byteplane_frame(raw: &[u8], w: usize, level: i32) -> Vec<u8> {
         .collect();
     render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
 }
+
+/// True when an XOR plane of at most 1 MiB, coded in `k` rANS chunks with
+/// one table per run of `group`, would be clearly smaller with a table per
+/// chunk (z4ai's method 4): its order-0 entropy summed per chunk, plus
+/// about 256 bytes per extra table, is under 98% of that per run. That is a
+/// plane whose statistics change along it, such as a position embedding
+/// whose first rows moved much further than the rest; a weight matrix's
+/// planes are stationary, and larger planes are not checked (the check is
+/// a histogram pass).
+fn non_stationary(p: &[u8], k: usize, group: usize) -> bool {
+    if group <= 1 || p.len() > 1 << 20 {
+        return false;
+    }
+    let n = p.len() as u64;
+    let part = |a: usize, b: usize| {
+        let lo = crate::format::plane::chunk_range(n, k, a).start as usize;
+        let hi = crate::format::plane::chunk_range(n, k, b - 1).end as usize;
+        o0_bytes(&p[lo..hi])
+    };
+    let runs: f64 = (0..k)
+        .step_by(group)
+        .map(|j| part(j, (j + group).min(k)))
+        .sum();
+    let own: f64 = (0..k).map(|j| part(j, j + 1)).sum();
+    own + (k - k.div_ceil(group)) as f64 * 256.0 < 0.98 * runs
+}
+
+/// zstd level of an XOR's zstd-block planes. On the low-entropy planes of
+/// `scripts/bench-delta.sh`'s training steps level 1 is 1-9% smaller than
+/// level 3 in total (level 3's extra short matches in sparse data cost
+/// more than the literals they replace) and about twice as fast.
+const XOR_ZSTD_LEVEL: i32 = 1;
 
 /// Elements per block for an element size.
 fn block_elems(elem_bytes: usize) -> usize {
@@ -603,7 +809,7 @@ mod tests {
         // symbols sharing one table.
         let n = 384 * 384;
         let xor = sparse_xor(n, 2);
-        let frame = xor_byteplane_frame(&xor, 2, 3);
+        let frame = xor_byteplane_frame(&xor, 2);
         let planes = planes_of(&frame);
         assert_eq!(planes[0], (plane::RANS_ADAPT, 9));
         let Frame::Z4ai(f) = Frame::parse(&frame).unwrap() else {
@@ -625,7 +831,7 @@ mod tests {
         // planes are mostly zeros.
         let n = 4 << 19;
         let xor = sparse_xor(n, 500);
-        let frame = xor_byteplane_frame(&xor, 2, 3);
+        let frame = xor_byteplane_frame(&xor, 2);
         let Frame::Z4ai(f) = Frame::parse(&frame).unwrap() else {
             panic!("not a Z4AI frame");
         };
@@ -643,6 +849,93 @@ mod tests {
         let mut out = vec![0u8; xor.len()];
         Frame::parse(&frame).unwrap().decode(&mut out).unwrap();
         assert_eq!(out, xor);
+    }
+
+    fn decodes_to(frame: &[u8], want: &[u8]) {
+        let mut out = vec![0u8; want.len()];
+        Frame::parse(frame).unwrap().decode(&mut out).unwrap();
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_xor_of_a_few_moved_rows_is_a_sparse_frame_smaller_than_byte_planes() {
+        // A 2048x64 bf16 embedding of which three rows moved.
+        let moved = weights(3 * 64);
+        let mut xor = vec![0u8; 2048 * 64 * 2];
+        for (k, row) in [5usize, 300, 1201].into_iter().enumerate() {
+            xor[row * 128..(row + 1) * 128].copy_from_slice(&moved[k * 128..(k + 1) * 128]);
+        }
+        let frame = encode_xor(Some(Dtype::BF16), &xor, PackOptions::default());
+        let Frame::Sparse(f) = Frame::parse(&frame).unwrap() else {
+            panic!("not a ZSP1 frame");
+        };
+        assert_eq!((f.width, f.count), (2, 2048 * 64));
+        assert!(frame.len() < xor_byteplane_frame(&xor, 2).len());
+        decodes_to(&frame, &xor);
+        // One block: the whole tensor, with its digest.
+        let unit = digests(&frame, &xor).unwrap();
+        assert_eq!(unit.blocks.len(), 1);
+        // All zero: a bitmap and no values.
+        let zero = vec![0u8; 4096];
+        let z = sparse_frame(&zero, 4).unwrap();
+        decodes_to(&z, &zero);
+    }
+
+    #[test]
+    fn a_dense_or_oversized_xor_is_not_tried_sparse() {
+        // Half of the elements moved.
+        assert!(sparse_frame(&sparse_xor(1 << 16, 2), 2).is_none());
+        // One in 500 moved, but past the bound.
+        let mut big = vec![0u8; SPARSE_MAX + 2];
+        big[10] = 1;
+        assert!(sparse_frame(&big, 2).is_none());
+        // One in 500 below the bound: sparse, exact, with a tail byte.
+        let mut x = sparse_xor(1 << 16, 500);
+        x.push(7);
+        let f = sparse_frame(&x, 2).unwrap();
+        decodes_to(&f, &x);
+    }
+
+    #[test]
+    fn small_xors_try_one_zstd_frame_per_plane() {
+        // A 768-element bias, every element moved in its low byte.
+        let a = weights(768);
+        let xor: Vec<u8> = a
+            .chunks_exact(2)
+            .flat_map(|e| [e[0] | 1, e[1] & 0x01])
+            .collect();
+        let f = encode_xor(Some(Dtype::BF16), &xor, PackOptions::default());
+        assert!(f.len() <= small_planes_frame(&xor, 2).len());
+        assert!(f.len() <= opaque_frame(&xor, PackOptions::default()).len());
+        decodes_to(&f, &xor);
+        decodes_to(&small_planes_frame(&xor, 2), &xor);
+    }
+
+    #[test]
+    fn a_plane_whose_statistics_change_gets_a_table_per_chunk() {
+        let mut x = 7u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // First quarter uniform bytes, the rest mostly 0 and 1.
+        let n = 1 << 18;
+        let shifting: Vec<u8> = (0..n)
+            .map(|i| {
+                if i < n / 4 {
+                    next() as u8
+                } else {
+                    (next() % 3 == 0) as u8
+                }
+            })
+            .collect();
+        assert!(non_stationary(&shifting, 16, 16));
+        let steady: Vec<u8> = (0..n).map(|_| next() as u8 & 0x3F).collect();
+        assert!(!non_stationary(&steady, 16, 16));
+        // Already a table per chunk, or too large to check.
+        assert!(!non_stationary(&shifting, 16, 1));
     }
 
     #[test]

@@ -319,6 +319,15 @@ pub fn delta_pair(seed: u64, n: usize, scale: usize) -> (Vec<u8>, Vec<u8>) {
             ));
         }
     }
+    // A token embedding after a step that saw a few tokens: three rows
+    // moved, the rest equal (a sparse XOR, which the delta writer stores as
+    // z4ai's ZSP1 frame).
+    base.push((
+        "embed.weight".into(),
+        "BF16",
+        vec![2048, 64],
+        gauss_bf16(&mut rng, 2048 * 64, 0.02),
+    ));
     base.push((
         "old_name".into(),
         "BF16",
@@ -348,6 +357,17 @@ pub fn delta_pair(seed: u64, n: usize, scale: usize) -> (Vec<u8>, Vec<u8>) {
             }
             "reshaped" => {
                 target.push((name.clone(), *dtype, vec![32, 128], b));
+                continue;
+            }
+            "embed.weight" => {
+                for row in [5usize, 300, 1201] {
+                    for c in b[row * 128..(row + 1) * 128].chunks_mut(2) {
+                        let x = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                        let y = x + (rng.normal() * 2e-3) as f32;
+                        c.copy_from_slice(&bf16_bits(y).to_le_bytes());
+                    }
+                }
+                target.push((name.clone(), *dtype, shape.clone(), b));
                 continue;
             }
             _ => {}
