@@ -1037,6 +1037,19 @@ mod tests {
         }
     }
 
+    /// `data` as 16 chunks of 100 symbols, every chunk with table `f`.
+    fn encode_16_chunks_of_100(data: &[u8], f: FreqTable) {
+        let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
+        encode_chunks(
+            data,
+            &bounds,
+            &[f; 16],
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        );
+    }
+
     #[test]
     #[should_panic(expected = "frequency 0")]
     fn chunk_groups_panic_on_zero_freq_symbol() {
@@ -1048,15 +1061,7 @@ mod tests {
         });
         let mut data = vec![1u8; 16 * 100];
         data[5] = 3; // early: inside the vector part
-        let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
-        encode_chunks(
-            &data,
-            &bounds,
-            &[f; 16],
-            &mut Vec::new(),
-            &mut Vec::new(),
-            &mut Vec::new(),
-        );
+        encode_16_chunks_of_100(&data, f);
     }
 
     #[test]
@@ -1067,17 +1072,7 @@ mod tests {
         for bad in [99u8, 110, 131, 200, 0] {
             let mut data: Vec<u8> = (0..16 * 100).map(|i| 100 + (i % 10) as u8).collect();
             data[300] = bad;
-            let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
-            let r = std::panic::catch_unwind(|| {
-                encode_chunks(
-                    &data,
-                    &bounds,
-                    &[f; 16],
-                    &mut Vec::new(),
-                    &mut Vec::new(),
-                    &mut Vec::new(),
-                )
-            });
+            let r = std::panic::catch_unwind(|| encode_16_chunks_of_100(&data, f));
             assert!(r.is_err(), "symbol {bad} outside the table");
         }
     }
@@ -1088,15 +1083,7 @@ mod tests {
         let f = uniform_table(3);
         let mut data = vec![7u8; 16 * 100];
         data[700] = 8;
-        let bounds: Vec<usize> = (0..=16).map(|c| c * 100).collect();
-        encode_chunks(
-            &data,
-            &bounds,
-            &[f; 16],
-            &mut Vec::new(),
-            &mut Vec::new(),
-            &mut Vec::new(),
-        );
+        encode_16_chunks_of_100(&data, f);
     }
 
     // ----- malformed input -----
