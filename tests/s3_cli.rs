@@ -172,3 +172,66 @@ fn credentials_region_and_endpoint_from_the_aws_files() {
     assert!(e.contains(".aws/config:3:"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
+
+#[test]
+fn credentials_from_a_profiles_credential_process() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = S3Server::start();
+    server.put(
+        "proc",
+        &[(
+            "m/bf16_dense.zstn".to_string(),
+            &vectors_dir().join("bf16_dense.zstn"),
+        )],
+    );
+    let home = tempfile::tempdir().unwrap();
+    let aws = home.path().join(".aws");
+    std::fs::create_dir(&aws).unwrap();
+    // A broker that logs its arguments and prints version-1 credentials;
+    // another that prints an unknown version.
+    let log = home.path().join("broker.log");
+    let broker = home.path().join("broker dir");
+    std::fs::create_dir(&broker).unwrap();
+    for (name, version) in [("good", 1), ("newer", 2)] {
+        let p = broker.join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\necho \"$@\" >> '{}'\n\
+                 echo '{{\"Version\": {version}, \"AccessKeyId\": \"test\", \
+                 \"SecretAccessKey\": \"test\", \"SessionToken\": \"tok\"}}'\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let ep = server.endpoint();
+    let (good, newer) = (broker.join("good"), broker.join("newer"));
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[default]\nregion = us-east-1\nendpoint_url = {ep}\n\
+             credential_process = \"{}\" --role 'models reader'\n\n\
+             [profile newer]\nregion = us-east-1\nendpoint_url = {ep}\n\
+             credential_process = \"{}\"\n",
+            good.display(),
+            newer.display()
+        ),
+    )
+    .unwrap();
+    let url = "s3://proc/m/bf16_dense.zstn";
+    ok(&run_clean_env(&["verify", url], home.path(), &[]));
+    let ran = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(ran.lines().next(), Some("--role models reader"), "{ran}");
+    // Output the process contract does not allow: one line, exit 1,
+    // naming the profile and what is wrong.
+    let o = run_clean_env(&["verify", url], home.path(), &[("AWS_PROFILE", "newer")]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("\"newer\"") && e.contains("credential_process") && e.contains("Version"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+}

@@ -6,8 +6,11 @@
 //!
 //! What is taken: `aws_access_key_id`, `aws_secret_access_key` and
 //! `aws_session_token` (the credentials file first, then the config file;
-//! the three from one place, never mixed), `region` and `endpoint_url`
-//! from the config file. The caller lets the environment win, as the CLI
+//! the three from one place, never mixed), `credential_process` (a command
+//! that prints credentials, `store::credential_process`; used when the
+//! credentials file has no key pair for the profile, before a key pair
+//! in the config file, in the AWS CLI's order), `region` and
+//! `endpoint_url` from the config file. The caller lets the environment win, as the CLI
 //! does ([`Resolved`] only fills what the environment left unset).
 //! Nested settings (`s3 =` followed by indented lines) and every other
 //! key are ignored.
@@ -80,6 +83,11 @@ pub struct Resolved {
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
     pub session_token: Option<String>,
+    /// The profile's `credential_process`, when it is the profile's
+    /// source of credentials (the key fields are then None).
+    pub credential_process: Option<String>,
+    /// The profile the settings are of (`default` unless named).
+    pub profile: String,
     pub region: Option<String>,
     pub endpoint_url: Option<String>,
 }
@@ -144,9 +152,14 @@ pub fn resolve_files(
     let get = |m: Option<&HashMap<String, String>>, k: &str| {
         m.and_then(|m| m.get(k)).filter(|v| !v.is_empty()).cloned()
     };
-    // The key pair from one file: the credentials file if it has one.
+    // The key pair from one file: the credentials file if it has one;
+    // else a credential process (either file); else the config file's.
+    let process =
+        get(from_creds, "credential_process").or_else(|| get(from_config, "credential_process"));
     let keys_from = if get(from_creds, "aws_access_key_id").is_some() {
         from_creds
+    } else if process.is_some() {
+        None
     } else {
         from_config
     };
@@ -154,6 +167,8 @@ pub fn resolve_files(
         access_key_id: get(keys_from, "aws_access_key_id"),
         secret_access_key: get(keys_from, "aws_secret_access_key"),
         session_token: get(keys_from, "aws_session_token"),
+        credential_process: process.filter(|_| keys_from.is_none()),
+        profile: name.to_string(),
         region: get(from_config, "region"),
         endpoint_url: get(from_config, "endpoint_url"),
     })
@@ -177,7 +192,10 @@ pub fn resolve_env() -> Result<Resolved, String> {
     ) {
         (Some(c), Some(f)) => resolve_files(&c, &f, profile.as_deref()),
         // No HOME and no files named: nothing to read.
-        _ => Ok(Resolved::default()),
+        _ => Ok(Resolved {
+            profile: profile.unwrap_or_else(|| "default".into()),
+            ..Resolved::default()
+        }),
     }
 }
 
@@ -214,6 +232,8 @@ mod tests {
                 access_key_id: Some("AKW".into()),
                 secret_access_key: Some("SW".into()),
                 session_token: Some("T".into()),
+                credential_process: None,
+                profile: "work".into(),
                 region: Some("us-west-2".into()),
                 endpoint_url: Some("http://127.0.0.1:9000".into()),
             }
@@ -226,8 +246,43 @@ mod tests {
         let none = d.path().join("none");
         assert_eq!(
             resolve_files(&none, &none, None).unwrap(),
-            Resolved::default()
+            Resolved {
+                profile: "default".into(),
+                ..Resolved::default()
+            }
         );
+    }
+
+    #[test]
+    fn credential_process_sits_between_the_two_files_keys() {
+        let d = tempfile::tempdir().unwrap();
+        let creds = d.path().join("credentials");
+        let config = d.path().join("config");
+        std::fs::write(
+            &creds,
+            "[keys]\naws_access_key_id = AKF\naws_secret_access_key = SF\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &config,
+            "[profile keys]\ncredential_process = broker one\n\
+             [profile proc]\ncredential_process = broker --role 'a b'\n\
+             aws_access_key_id = AKC\naws_secret_access_key = SC\n\
+             [profile plain]\naws_access_key_id = AKP\naws_secret_access_key = SP\n",
+        )
+        .unwrap();
+        // Keys in the credentials file win over a process.
+        let k = resolve_files(&creds, &config, Some("keys")).unwrap();
+        assert_eq!(k.access_key_id.as_deref(), Some("AKF"));
+        assert_eq!(k.credential_process, None);
+        // A process wins over keys in the config file.
+        let p = resolve_files(&creds, &config, Some("proc")).unwrap();
+        assert_eq!(p.credential_process.as_deref(), Some("broker --role 'a b'"));
+        assert_eq!((p.access_key_id, p.secret_access_key), (None, None));
+        assert_eq!(p.profile, "proc");
+        let c = resolve_files(&creds, &config, Some("plain")).unwrap();
+        assert_eq!(c.access_key_id.as_deref(), Some("AKP"));
+        assert_eq!(c.credential_process, None);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   retries and timeouts) over `object_store`;
 //! - [`aws_config`]: credentials, region and endpoint from the AWS shared
 //!   files (`~/.aws/credentials`, `~/.aws/config`, profiles);
+//! - [`credential_process`]: credentials printed by a profile's
+//!   `credential_process` command, kept until they are about to expire;
 //! - [`ranges`]: byte-range sets (pure);
 //! - [`remote`]: a sparse local copy of one object version, filled on
 //!   demand with ranged conditional GETs, and the registry through which
@@ -19,6 +21,7 @@
 
 pub mod aws_config;
 pub mod budget;
+pub mod credential_process;
 pub mod lease;
 pub mod mirror;
 pub mod ranges;

@@ -142,6 +142,17 @@ impl S3Client {
                 if let Some(t) = &files.session_token {
                     b = b.with_token(t);
                 }
+            } else if let Some(cmd) = files.credential_process.as_deref() {
+                // A web identity named by the environment comes first, as
+                // in the AWS CLI (object_store reads it).
+                if env("AWS_WEB_IDENTITY_TOKEN_FILE").is_none() {
+                    let p = super::credential_process::ProcessCredentials::new(&files.profile, cmd)
+                        .map_err(other)?;
+                    // Run it now: a broken broker is one clear error at
+                    // start, not an EIO at the first read.
+                    p.credentials().map_err(other)?;
+                    b = b.with_credentials(Arc::new(p));
+                }
             }
         }
         if env("AWS_REGION")
