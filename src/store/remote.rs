@@ -513,13 +513,18 @@ impl RemoteFile {
                 v
             })
             .collect();
-        self.client
-            .get_ranges(&self.rel, &parts, &self.etag, IN_FLIGHT, &mut |r, bytes| {
-                self.file.write_all_at(bytes, r.start)?;
+        self.client.get_ranges(
+            &self.rel,
+            &parts,
+            &self.etag,
+            IN_FLIGHT,
+            &|at, bytes| {
+                self.file.write_all_at(bytes, at)?;
                 FETCHED_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                done(r);
                 Ok(())
-            })
+            },
+            done,
+        )
     }
 
     /// Writes the range set (after the bytes it names are synced). A
