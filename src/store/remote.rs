@@ -58,7 +58,7 @@ pub const PART: u64 = 8 << 20;
 pub const IN_FLIGHT: usize = 8;
 /// Background read-aheads ([`RemoteFile::prefetch`]) running at once per
 /// file.
-pub const PREFETCHES: usize = 2;
+pub const PREFETCHES: usize = 4;
 /// How long after a fetch its range set is saved (the saves of the
 /// fetches of that time are one).
 pub const SAVE_DELAY: Duration = Duration::from_millis(500);
