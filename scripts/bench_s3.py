@@ -14,7 +14,8 @@ Servers (BENCH_S3_SERVERS, default "s3s-fs moto"):
           it answers; it reads a whole object for every ranged GET, so
           its cost grows with the number of requests times the object size
   s3s-fs  the s3s-fs server from crates.io (Rust, files on disk;
-          scripts/setup-test-env.sh installs it in .tools/bin), whose
+          scripts/install-s3s-fs.sh, which bench-s3.sh calls, installs
+          it in .tools/bin), whose
           request log is counted
 
 Each row is run BENCH_S3_RUNS times (default 3); the table shows the median
@@ -76,7 +77,7 @@ class S3sFs:
 
     def __init__(self, work):
         if not os.access(S3S_FS, os.X_OK):
-            sys.exit(f"{S3S_FS} missing: run scripts/setup-test-env.sh")
+            sys.exit(f"{S3S_FS} missing: run scripts/install-s3s-fs.sh")
         self.root = tempfile.mkdtemp(dir=work, prefix="s3s-root-")
         self.port = free_port()
         self.ep = f"http://127.0.0.1:{self.port}"

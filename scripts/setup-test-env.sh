@@ -4,9 +4,10 @@
 # packages for the interop (z4ai) and client (safetensors/numpy) tests and
 # the Hugging Face cache test (huggingface_hub, transformers, torch), and
 # the file-system test tools fsx and pjdfstest (crates.io) in .tools/bin for
-# tests/mount_fsx.rs and tests/mount_pjdfstest.rs, s3s-fs (crates.io) for
-# scripts/bench-s3.sh, and llama-cpp-python
+# tests/mount_fsx.rs and tests/mount_pjdfstest.rs, and llama-cpp-python
 # (built from PyPI's sdist, with cmake and g++) for tests/export_llama.rs.
+# (s3s-fs, which only scripts/bench-s3.sh uses, is installed by
+# scripts/install-s3s-fs.sh, which that script calls.)
 # Idempotent: re-running it only checks that things are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +30,6 @@ need_tools=0
 for t in fsx pjdfstest; do
   [ -x "$TOOLS/bin/$t" ] || need_tools=1
 done
-# s3s-fs (an S3 server over a directory, in Rust) for scripts/bench-s3.sh;
-# 0.14.1 is the last release that builds with rustc 1.95.
-S3S_FS=0.14.1
 # pjdfstest links libacl (crate exacl): the linker needs libacl.so.
 if [ "$need_tools" = 1 ] && ! dpkg -s libacl1-dev >/dev/null 2>&1; then
   need_apt+=(libacl1-dev)
@@ -80,8 +78,5 @@ fi
 if [ "$need_tools" = 1 ]; then
   # --locked: the versions each tool's own Cargo.lock pins.
   nice -n 10 cargo install -q --locked --root "$TOOLS" fsx pjdfstest
-fi
-if ! "$TOOLS/bin/s3s-fs" --version 2>/dev/null | grep -q " $S3S_FS\$"; then
-  nice -n 10 cargo install -q --locked --root "$TOOLS" "s3s-fs@$S3S_FS" --features binary
 fi
 echo "test environment ready: $(fusermount3 --version 2>&1 | head -1); venv $VENV; tools $TOOLS/bin"

@@ -225,6 +225,60 @@ fn the_disk_cache_survives_a_remount_and_serves_without_the_server() {
     );
 }
 
+/// The ranges the saved state of the cached copy of `rel` names (None
+/// before one is saved).
+fn saved_ranges(cache: &Path, rel: &str) -> Option<Vec<(u64, u64)>> {
+    for e in std::fs::read_dir(cache.join("state")).ok()? {
+        let Ok(text) = std::fs::read_to_string(e.ok()?.path()) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if v["rel"] == rel {
+            let pairs = v["ranges"].as_array()?;
+            return Some(
+                pairs
+                    .iter()
+                    .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+                    .collect(),
+            );
+        }
+    }
+    None
+}
+
+#[test]
+fn what_was_fetched_is_saved_while_the_mount_runs_and_survives_a_kill() {
+    let mut f = fixture("killed", &[]);
+    let size = std::fs::metadata(f.m.store.join("big.safetensors.zstn"))
+        .unwrap()
+        .len();
+    assert!(std::fs::read(f.m.path("big.safetensors")).unwrap() == f.big);
+    // The range set is saved in the background, shortly after the fetches
+    // (a reader does not wait for it): wait for it to name every byte the
+    // read fetched (the whole object), without unmounting.
+    let whole = vec![(0, size)];
+    let mut saved = None;
+    for _ in 0..300 {
+        saved = saved_ranges(&f.cache, "big.safetensors.zstn");
+        if saved.as_ref() == Some(&whole) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(saved, Some(whole), "the fetched ranges were never saved");
+    // No exit path runs: what was saved is all the next mount knows.
+    f.m.kill9();
+    f.server.stop_proxy();
+    f.server.reset();
+    let args = mount_args(&f.server, &f.cache, &[]);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    f.m.remount(&args);
+    assert!(std::fs::read(f.m.path("big.safetensors")).unwrap() == f.big);
+    assert_eq!(f.server.gets(), (0, 0), "the saved cache needed the server");
+}
+
 #[test]
 fn a_damaged_cache_block_is_detected_and_fetched_again() {
     let mut f = fixture("damage", &[]);

@@ -235,3 +235,96 @@ fn credentials_from_a_profiles_credential_process() {
     );
     assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
+
+/// `S3Client::get_ranges` hands each response body over as it arrives,
+/// chunk by chunk at its offset, tells of each part once all its bytes
+/// were written, and refuses a body shorter than asked and a GET of a
+/// version that is no longer there (If-Match).
+#[test]
+fn get_ranges_streams_each_part_to_its_offset_and_checks_it() {
+    use ckptfs::store::s3::{S3Client, S3Options, S3Url};
+    use std::cell::RefCell;
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = common::Rng(7);
+    let obj: Vec<u8> = (0..(5 << 20) + 123).map(|_| rng.next() as u8).collect();
+    let src = dir.path().join("obj");
+    std::fs::write(&src, &obj).unwrap();
+    server.put("ranges", &[("p/obj".to_string(), &src)]);
+    let opts = S3Options {
+        endpoint: Some(server.endpoint()),
+        ..Default::default()
+    };
+    let client = S3Client::new(S3Url::parse("s3://ranges/p").unwrap().unwrap(), &opts).unwrap();
+    let head = client.head("obj").unwrap();
+    assert!(!head.etag.is_empty(), "moto lists an ETag");
+    let size = obj.len() as u64;
+    let parts = vec![0..(1 << 20), (1 << 20)..(3 << 20) + 5, (3 << 20) + 5..size];
+    let got = RefCell::new(vec![0u8; obj.len()]);
+    let chunks = RefCell::new(Vec::new());
+    let mut done = Vec::new();
+    client
+        .get_ranges(
+            "obj",
+            &parts,
+            &head.etag,
+            2,
+            &|at, b| {
+                got.borrow_mut()[at as usize..at as usize + b.len()].copy_from_slice(b);
+                chunks.borrow_mut().push(at..at + b.len() as u64);
+                Ok(())
+            },
+            &mut |r| done.push(r.clone()),
+        )
+        .unwrap();
+    assert!(
+        got.into_inner() == obj,
+        "the bytes written are the object's"
+    );
+    done.sort_by_key(|r| r.start);
+    assert_eq!(done, parts, "each part is done once");
+    // Every chunk lies within one part, and the chunks of a part cover it
+    // exactly once.
+    let mut chunks = chunks.into_inner();
+    chunks.sort_by_key(|r| r.start);
+    let mut at = 0;
+    for c in &chunks {
+        assert_eq!(c.start, at, "chunks tile the parts: {chunks:?}");
+        assert!(
+            parts.iter().any(|p| p.start <= c.start && c.end <= p.end),
+            "chunk {c:?} crosses a part"
+        );
+        at = c.end;
+    }
+    assert_eq!(at, size);
+
+    // A part past the end of the object: the server sends fewer bytes.
+    let mut done = Vec::new();
+    let e = client
+        .get_ranges(
+            "obj",
+            &[size - 10..size + 10],
+            &head.etag,
+            1,
+            &|_, _| Ok(()),
+            &mut |r| done.push(r.clone()),
+        )
+        .unwrap_err();
+    assert!(done.is_empty(), "a short part is not done");
+    assert!(e.to_string().contains("obj bytes"), "{e}");
+
+    // Another version of the object: the conditional GET fails.
+    std::fs::write(&src, b"another version").unwrap();
+    server.put("ranges", &[("p/obj".to_string(), &src)]);
+    let e = client
+        .get_ranges(
+            "obj",
+            &parts[..1],
+            &head.etag,
+            1,
+            &|_, _| Ok(()),
+            &mut |_| {},
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("changed on the server"), "{e}");
+}

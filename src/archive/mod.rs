@@ -394,6 +394,10 @@ pub fn from_file_with(
     )
 }
 
+/// Bytes of the head and of the tail of a remote archive fetched first
+/// when it is opened ([`remote_metadata`]).
+const OPEN_GUESS: u64 = 64 << 10;
+
 /// Fetches what opening a remote archive reads: for a ZSTN container with
 /// an index, its head (up to the first frame), its index and footer and
 /// its CKX1 block (frames are fetched when first used); for any other
@@ -405,6 +409,14 @@ fn remote_metadata(b: &Backing) -> std::io::Result<()> {
         let s = b.bytes().get(at as usize..at.checked_add(8)? as usize)?;
         Some(u64::from_le_bytes(s.try_into().ok()?))
     };
+    // The head and the tail at once, wide enough to hold a usual
+    // archive's header, index, footer and checksum block: the exact
+    // ranges below are then mostly here already. Each of them would
+    // otherwise be a request of its own, one after the other, and a
+    // request costs a round trip (about 45 ms against s3s-fs, whose
+    // responses wait for delayed ACKs), whatever its size.
+    let guess = OPEN_GUESS.min(len);
+    b.ensure_all(&[0..guess, len - guess..len])?;
     b.ensure(0..22)?;
     let bytes = b.bytes();
     let indexed = Kind::detect(bytes) == Some(Kind::Zstn) && bytes.get(5) == Some(&1);

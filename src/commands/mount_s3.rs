@@ -142,6 +142,9 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         threads,
         sink,
     );
+    // The range sets fetched since the last background save: the next
+    // mount serves those bytes without the server.
+    crate::store::remote::save_all();
     if let Some(l) = lease {
         l.release();
     }

@@ -62,9 +62,14 @@ fn download(url: &S3Url, dest: &Path) -> Result<()> {
     let parts: Vec<Range<u64>> = (0..head.size.div_ceil(8 << 20))
         .map(|i| i * (8 << 20)..((i + 1) * (8 << 20)).min(head.size))
         .collect();
-    client.get_ranges(key, &parts, &head.etag, 4, &mut |r, b| {
-        f.write_all_at(b, r.start)
-    })?;
+    client.get_ranges(
+        key,
+        &parts,
+        &head.etag,
+        4,
+        &|at, b| f.write_all_at(b, at),
+        &mut |_| {},
+    )?;
     Ok(())
 }
 

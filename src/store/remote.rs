@@ -17,7 +17,11 @@
 //! they are marked present, and the file is `fdatasync`ed before the
 //! range set that says they are there is persisted (atomically, beside the
 //! other state files), so after a crash the set never claims bytes the
-//! file does not hold. Nothing here trusts
+//! file does not hold. The set is saved by a background thread, at most
+//! [`SAVE_DELAY`] after a fetch (one save for all the fetches of that
+//! time), and by [`save_all`] when the daemon exits: a reader never waits
+//! for a sync, and a crash only costs refetching what the last
+//! [`SAVE_DELAY`] fetched. Nothing here trusts
 //! the cached bytes: the archive code checks every block against its own
 //! checksums and calls [`RemoteFile::refetch`] once when one fails.
 //!
@@ -38,7 +42,7 @@ use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -54,7 +58,10 @@ pub const PART: u64 = 8 << 20;
 pub const IN_FLIGHT: usize = 8;
 /// Background read-aheads ([`RemoteFile::prefetch`]) running at once per
 /// file.
-pub const PREFETCHES: usize = 2;
+pub const PREFETCHES: usize = 4;
+/// How long after a fetch its range set is saved (the saves of the
+/// fetches of that time are one).
+pub const SAVE_DELAY: Duration = Duration::from_millis(500);
 
 /// What is persisted beside each mirror file.
 #[derive(Debug, Serialize, Deserialize)]
@@ -119,6 +126,14 @@ pub struct RemoteFile {
     prefetching: AtomicUsize,
     /// Held while the state is saved (taken before `st`).
     saving: Mutex<()>,
+    /// Bytes were fetched since the state was last saved (a save is
+    /// queued for the saver thread).
+    dirty: AtomicBool,
+    /// The version is gone ([`Self::forget`]): its state is never saved
+    /// again.
+    forgotten: AtomicBool,
+    /// This file, for the saver thread's queue.
+    this: std::sync::Weak<RemoteFile>,
 }
 
 /// Bytes fetched from the server by this process (for tests and logs).
@@ -146,8 +161,8 @@ impl RemoteFile {
     ) -> io::Result<Arc<RemoteFile>> {
         let ino = file.metadata()?.ino();
         let held = present.ranges().to_vec();
-        let r = Arc::new_cyclic(|me: &std::sync::Weak<RemoteFile>| {
-            let me: std::sync::Weak<dyn Evict> = me.clone();
+        let r = Arc::new_cyclic(|this: &std::sync::Weak<RemoteFile>| {
+            let me: std::sync::Weak<dyn Evict> = this.clone();
             RemoteFile {
                 client,
                 rel: listed.rel.clone(),
@@ -170,6 +185,9 @@ impl RemoteFile {
                 unaccounted: AtomicU64::new(0),
                 prefetching: AtomicUsize::new(0),
                 saving: Mutex::new(()),
+                dirty: AtomicBool::new(false),
+                forgotten: AtomicBool::new(false),
+                this: this.clone(),
             }
         });
         let tick = (last_use > 0).then_some(last_use);
@@ -416,7 +434,7 @@ impl RemoteFile {
         }
         self.cv.notify_all();
         if !done.is_empty() {
-            self.persist();
+            self.save_later();
             self.budget.added(self.id, &done, kind, None);
         }
         self.unaccounted.fetch_sub(pages, Ordering::Relaxed);
@@ -498,7 +516,7 @@ impl RemoteFile {
     /// Fetches `ranges` into the mirror file, in parts of at most
     /// [`PART`] bytes, up to [`IN_FLIGHT`] at once; `done` is told of each
     /// part once its bytes are written (not yet synced: see
-    /// [`Self::persist_locked`]).
+    /// [`Self::save_locked`]).
     fn fetch(&self, ranges: &[Range<u64>], done: &mut dyn FnMut(&Range<u64>)) -> io::Result<()> {
         let parts: Vec<Range<u64>> = ranges
             .iter()
@@ -513,19 +531,42 @@ impl RemoteFile {
                 v
             })
             .collect();
-        self.client
-            .get_ranges(&self.rel, &parts, &self.etag, IN_FLIGHT, &mut |r, bytes| {
-                self.file.write_all_at(bytes, r.start)?;
+        self.client.get_ranges(
+            &self.rel,
+            &parts,
+            &self.etag,
+            IN_FLIGHT,
+            &|at, bytes| {
+                self.file.write_all_at(bytes, at)?;
                 FETCHED_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                done(r);
                 Ok(())
-            })
+            },
+            done,
+        )
     }
 
-    /// Writes the range set (after the bytes it names are synced). A
+    /// Queues a save of the range set for the saver thread (or, when it
+    /// cannot run, saves it now).
+    fn save_later(&self) {
+        if self.dirty.swap(true, Ordering::AcqRel) {
+            return; // queued already
+        }
+        if !*SAVER {
+            self.save_if_dirty();
+            return;
+        }
+        SAVES.lock().push(self.this.clone());
+        SAVES_CV.notify_one();
+    }
+
+    /// Saves the range set if fetches changed it since the last save. A
     /// failure only costs refetching after a restart.
-    fn persist(&self) {
-        if let Err(e) = self.persist_now() {
+    fn save_if_dirty(&self) {
+        let _saving = self.saving.lock();
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        if let Err(e) = self.save_locked() {
             log::warn!(
                 "{}: cannot save the cache state: {e}",
                 self.state_path.display()
@@ -541,6 +582,15 @@ impl RemoteFile {
     /// the state lock, so readers are not held up by it.
     pub fn persist_now(&self) -> io::Result<()> {
         let _saving = self.saving.lock();
+        self.dirty.store(false, Ordering::Release);
+        self.save_locked()
+    }
+
+    /// [`Self::persist_now`] for a caller that holds `saving`.
+    fn save_locked(&self) -> io::Result<()> {
+        if self.forgotten.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let present = self.st.lock().present.pairs();
         self.file.sync_data()?;
         self.write_state(present)
@@ -571,6 +621,8 @@ impl RemoteFile {
     /// Removes the persisted state (the version is gone) and stops
     /// accounting the file in the disk cache.
     pub fn forget(&self) {
+        let _saving = self.saving.lock();
+        self.forgotten.store(true, Ordering::Release);
         let _ = std::fs::remove_file(&self.state_path);
         self.budget.detach(self.id);
     }
@@ -683,6 +735,47 @@ impl std::ops::Deref for InUse {
     type Target = RemoteFile;
     fn deref(&self) -> &RemoteFile {
         &self.0
+    }
+}
+
+/// Files whose range set is to be saved by the saver thread.
+static SAVES: Mutex<Vec<std::sync::Weak<RemoteFile>>> = Mutex::new(Vec::new());
+static SAVES_CV: Condvar = Condvar::new();
+/// The saver thread, started at the first save (false: it could not be
+/// started; saves are then made by the fetching thread).
+static SAVER: LazyLock<bool> = LazyLock::new(|| {
+    let spawned = std::thread::Builder::new()
+        .name("ckptfs-s3-save".into())
+        .spawn(|| loop {
+            {
+                let mut q = SAVES.lock();
+                while q.is_empty() {
+                    SAVES_CV.wait(&mut q);
+                }
+            }
+            // Gather the fetches of the next moments into the same save.
+            std::thread::sleep(SAVE_DELAY);
+            let due = std::mem::take(&mut *SAVES.lock());
+            for f in due.iter().filter_map(std::sync::Weak::upgrade) {
+                f.save_if_dirty();
+            }
+        });
+    if let Err(e) = &spawned {
+        log::warn!("no background saves of the disk cache's state: {e}");
+    }
+    spawned.is_ok()
+});
+
+/// Saves now every range set not saved yet (the daemon is exiting), and
+/// waits for a save in progress.
+pub fn save_all() {
+    let queued = std::mem::take(&mut *SAVES.lock());
+    for f in queued.iter().filter_map(std::sync::Weak::upgrade) {
+        f.save_if_dirty();
+    }
+    let all: Vec<Arc<RemoteFile>> = REGISTRY.read().values().cloned().collect();
+    for f in all {
+        f.save_if_dirty();
     }
 }
 

@@ -106,8 +106,9 @@ pub struct Listed {
     pub mtime: i64,
 }
 
-/// Receives each fetched part: its range and its bytes.
-pub type OnPart<'a> = dyn FnMut(&Range<u64>, &[u8]) -> io::Result<()> + 'a;
+/// Writes fetched bytes: the offset in the object of the first, and the
+/// bytes.
+pub type WriteAt<'a> = dyn Fn(u64, &[u8]) -> io::Result<()> + 'a;
 
 /// Objects at or above this size are uploaded in parts.
 const MULTIPART_AT: u64 = 64 << 20;
@@ -224,14 +225,22 @@ impl S3Client {
     }
 
     /// Fetches the ranges `parts` of object `rel` (version `etag`), up to
-    /// `in_flight` at once, handing each to `on_part` in order.
+    /// `in_flight` at once. Each response body is handed to `write` as it
+    /// arrives, chunk by chunk, with the offset in the object of the
+    /// chunk's first byte (never beyond its part): no part is gathered in
+    /// memory first, so memory stays at a few chunks per request and the
+    /// bytes are copied once. `done` is told of each part once all its
+    /// bytes were written, in the order the parts complete. A part whose
+    /// body is shorter or longer than asked is an error (what it wrote is
+    /// then not to be trusted: the caller is not told of that part).
     pub fn get_ranges(
         &self,
         rel: &str,
         parts: &[Range<u64>],
         etag: &str,
         in_flight: usize,
-        on_part: &mut OnPart<'_>,
+        write: &WriteAt<'_>,
+        done: &mut dyn FnMut(&Range<u64>),
     ) -> io::Result<()> {
         use futures::StreamExt;
         let path = ObjPath::from(self.url.key(rel));
@@ -249,22 +258,41 @@ impl S3Client {
                             ..Default::default()
                         };
                         let got = tokio::time::timeout(deadline, async {
-                            self.store.get_opts(path, opts).await?.bytes().await
+                            let mut body = self
+                                .store
+                                .get_opts(path, opts)
+                                .await
+                                .map_err(|e| store_error(&what, e))?
+                                .into_stream();
+                            let mut at = r.start;
+                            while let Some(chunk) =
+                                body.try_next().await.map_err(|e| store_error(&what, e))?
+                            {
+                                let n = chunk.len() as u64;
+                                if n > r.end - at {
+                                    return Err(other(format!(
+                                        "{what}: the server sent more than {} bytes",
+                                        r.end - r.start
+                                    )));
+                                }
+                                write(at, &chunk)?;
+                                at += n;
+                            }
+                            if at != r.end {
+                                return Err(other(format!(
+                                    "{what}: the server sent {} bytes",
+                                    at - r.start
+                                )));
+                            }
+                            Ok(r)
                         })
                         .await;
-                        let bytes = map_result(&what, got, deadline)?;
-                        if bytes.len() as u64 != r.end - r.start {
-                            return Err(other(format!(
-                                "{what}: the server sent {} bytes",
-                                bytes.len()
-                            )));
-                        }
-                        Ok((r, bytes))
+                        map_result(&what, got.map(Ok), deadline)?
                     }
                 })
-                .buffered(in_flight.max(1));
-            while let Some((r, b)) = s.try_next().await? {
-                on_part(&r, &b)?;
+                .buffer_unordered(in_flight.max(1));
+            while let Some(r) = s.try_next().await? {
+                done(&r);
             }
             Ok(())
         })
@@ -452,22 +480,28 @@ fn map_result<T>(
 ) -> io::Result<T> {
     match r {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(object_store::Error::NotFound { .. })) => Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{what}: no such object"),
-        )),
-        Ok(Err(object_store::Error::Precondition { .. })) => Err(other(format!(
-            "{what}: the object changed on the server (its ETag no longer matches)"
-        ))),
-        Ok(Err(object_store::Error::AlreadyExists { .. })) => Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{what}: already exists"),
-        )),
-        Ok(Err(e)) => Err(other(format!("{what}: {}", one_line(&e.to_string())))),
+        Ok(Err(e)) => Err(store_error(what, e)),
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("{what}: no answer within {deadline:?}"),
         )),
+    }
+}
+
+/// An error of object_store for `what`, in one line.
+fn store_error(what: &str, e: object_store::Error) -> io::Error {
+    match e {
+        object_store::Error::NotFound { .. } => {
+            io::Error::new(io::ErrorKind::NotFound, format!("{what}: no such object"))
+        }
+        object_store::Error::Precondition { .. } => other(format!(
+            "{what}: the object changed on the server (its ETag no longer matches)"
+        )),
+        object_store::Error::AlreadyExists { .. } => io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{what}: already exists"),
+        ),
+        e => other(format!("{what}: {}", one_line(&e.to_string()))),
     }
 }
 
