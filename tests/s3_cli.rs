@@ -100,19 +100,26 @@ fn run_clean_env(args: &[&str], home: &std::path::Path, extra: &[(&str, &str)]) 
     c.envs(extra.iter().copied()).output().unwrap()
 }
 
-#[test]
-fn credentials_region_and_endpoint_from_the_aws_files() {
+/// A server with `bucket/m/bf16_dense.zstn`, and an empty HOME with a
+/// `.aws` directory for the shared files.
+fn server_with_one_archive(bucket: &str) -> (S3Server, tempfile::TempDir) {
     let server = S3Server::start();
     server.put(
-        "files",
+        bucket,
         &[(
             "m/bf16_dense.zstn".to_string(),
             &vectors_dir().join("bf16_dense.zstn"),
         )],
     );
     let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir(home.path().join(".aws")).unwrap();
+    (server, home)
+}
+
+#[test]
+fn credentials_region_and_endpoint_from_the_aws_files() {
+    let (server, home) = server_with_one_archive("files");
     let aws = home.path().join(".aws");
-    std::fs::create_dir(&aws).unwrap();
     std::fs::write(
         aws.join("credentials"),
         "[default]\naws_access_key_id = test\naws_secret_access_key = test\n\n\
@@ -176,17 +183,8 @@ fn credentials_region_and_endpoint_from_the_aws_files() {
 #[test]
 fn credentials_from_a_profiles_credential_process() {
     use std::os::unix::fs::PermissionsExt;
-    let server = S3Server::start();
-    server.put(
-        "proc",
-        &[(
-            "m/bf16_dense.zstn".to_string(),
-            &vectors_dir().join("bf16_dense.zstn"),
-        )],
-    );
-    let home = tempfile::tempdir().unwrap();
+    let (server, home) = server_with_one_archive("proc");
     let aws = home.path().join(".aws");
-    std::fs::create_dir(&aws).unwrap();
     // A broker that logs its arguments and prints version-1 credentials;
     // another that prints an unknown version.
     let log = home.path().join("broker.log");
