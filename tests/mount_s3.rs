@@ -596,3 +596,81 @@ fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
         usage_listing(&f.cache)
     );
 }
+
+/// A `.blz` in a bucket is read like a `.zstn`: its header when the
+/// directory is first looked at, then the blocks a read needs. Every file
+/// of it reads identical; a small read of a large tensor moves about one
+/// compressed block, not the archive.
+#[test]
+fn a_blz_in_a_bucket_is_fetched_block_by_block() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(33);
+    let shard = safetensors_file(
+        &[
+            (
+                "big",
+                "BF16",
+                vec![4096, 4096],
+                gauss_bf16(&mut rng, 16 << 20, 0.02),
+            ),
+            ("norm", "BF16", vec![4096], gauss_bf16(&mut rng, 4096, 1.0)),
+        ],
+        None,
+    );
+    let config = b"{\"model_type\": \"llama\"}\n".to_vec();
+    let data_start = 8 + u64::from_le_bytes(shard[..8].try_into().unwrap());
+    let args = mount_args(
+        &server,
+        &dir.path().join("cache"),
+        &["--request-timeout", "60"],
+    );
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let m = Mount::of_store_arg(
+        |store| {
+            let src = tempfile::tempdir().unwrap();
+            std::fs::write(src.path().join("model.safetensors"), &shard).unwrap();
+            std::fs::write(src.path().join("config.json"), &config).unwrap();
+            let blz = store.join("model.blz");
+            let out = common::ckptfs(&[
+                "pack",
+                src.path().to_str().unwrap(),
+                "-o",
+                blz.to_str().unwrap(),
+            ]);
+            assert!(out.status.success(), "{out:?}");
+            server.put_tree("blzs", "m", store);
+        },
+        "s3://blzs/m",
+        &args,
+    );
+    let stored = std::fs::metadata(m.store.join("model.blz")).unwrap().len();
+    server.reset();
+    // Looking at the directory reads the header only.
+    let mut names: Vec<String> = std::fs::read_dir(m.path("model"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["config.json", "model.safetensors"]);
+    assert_eq!(std::fs::read(m.path("model/config.json")).unwrap(), config);
+    // 4 KiB in the middle of the large tensor (O_DIRECT: no read-ahead).
+    let off = (data_start + (27 << 19)).next_multiple_of(4096);
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path("model/model.safetensors"))
+        .unwrap();
+    let mut a = Aligned::new(4096);
+    d.read_exact_at(a.as_mut(), off).unwrap();
+    assert!(a.as_mut()[..] == shard[off as usize..off as usize + 4096]);
+    let (gets, bytes) = server.gets();
+    eprintln!("listing, config and 4 KiB of a 32 MiB tensor in a .blz: {gets} GETs, {bytes} of {stored} stored bytes");
+    assert!(
+        bytes < 2 << 20 && bytes * 10 < stored,
+        "fetched {bytes} of {stored} stored bytes in {gets} GETs"
+    );
+    // The whole shard, exact.
+    let got = std::fs::read(m.path("model/model.safetensors")).unwrap();
+    assert!(got == shard, "the shard read through the S3 mount differs");
+}

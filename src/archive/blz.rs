@@ -19,7 +19,8 @@
 //! file's own digest before it is served (see `trusted`).
 
 use super::frame_block::{
-    block_index, damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+    block_file_ranges, block_index, damaged_payload, decode_refetching_once, decode_unit_block,
+    fetch_frame_structure, frame_grid, shared_grid, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
@@ -220,9 +221,20 @@ impl BlzArchive {
     }
     /// Stored bytes of a blob.
     pub fn blob_bytes(&self, unit: u32) -> &[u8] {
+        let r = self.blob_range(unit);
+        &self.bytes()[r.start as usize..r.end as usize]
+    }
+    /// Where a blob's stored bytes are in the file.
+    fn blob_range(&self, unit: u32) -> Range<u64> {
         let b = self.blob(unit);
-        let s = (self.parsed.data_start + b.offset) as usize;
-        &self.bytes()[s..s + b.length as usize]
+        let s = self.parsed.data_start + b.offset;
+        s..s + b.length
+    }
+    fn io(&self, source: std::io::Error) -> ArchiveError {
+        ArchiveError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
     fn data(&self) -> &[u8] {
         &self.bytes()[self.parsed.data_start as usize..]
@@ -366,6 +378,40 @@ impl BlzArchive {
         Ok(out)
     }
 
+    /// Decodes one block of a blob from bytes at hand, checking its
+    /// digests.
+    fn decode_block_once(&self, key: BlockKey) -> Result<Vec<u8>> {
+        let grid = self.grid(key.unit)?;
+        let b = block_index(self, key, &grid)?;
+        let span = grid.span(b);
+        let blob = self.blob(key.unit);
+        let bytes = self.blob_bytes(key.unit);
+        let expect = &blob.blocks[b];
+        let checked = |out: Vec<u8>| {
+            if xxh3_64(&out) != expect.data.0 {
+                return Err(self.unit_integrity(
+                    key.unit,
+                    format!("checksum mismatch in the decoded bytes of block {b}"),
+                ));
+            }
+            Ok(out)
+        };
+        match blob.encoding {
+            Encoding::Raw => checked(bytes[span.start as usize..span.end as usize].to_vec()),
+            Encoding::Z4aiFrame => {
+                // Frames always carry a payload digest.
+                let Some(want) = expect.payload.map(|d| d.0) else {
+                    return Err(
+                        self.unit_integrity(key.unit, format!("block {b} has no payload checksum"))
+                    );
+                };
+                decode_unit_block(self, key, bytes)
+                    .and_then(checked)
+                    .map_err(|e| damaged_payload(self, key, bytes, want).unwrap_or(e))
+            }
+        }
+    }
+
     /// Checks the header digest.
     pub fn verify_header(&self) -> Result<()> {
         let r = &self.parsed.header_json;
@@ -375,6 +421,10 @@ impl BlzArchive {
 
     /// Checks the SHA-256 of the data section.
     pub fn verify_data_sha256(&self) -> Result<()> {
+        let start = self.parsed.data_start;
+        self.map
+            .ensure(start..self.bytes().len() as u64)
+            .map_err(|e| self.io(e))?;
         let data = self.data();
         let mut h = Sha256::new();
         for c in data.chunks(16 << 20) {
@@ -502,51 +552,64 @@ impl ArchiveView for BlzArchive {
     /// The block grid of a blob (built and checked once, then shared).
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
         let cell = self.units.get(unit as usize).map(|u| &u.grid);
+        let frame = cell.is_some_and(|c| c.get().is_none())
+            && self.map.is_remote()
+            && self.blob(unit).encoding == Encoding::Z4aiFrame;
+        if frame {
+            // A remote copy: fetch the frame's structure first; a cached
+            // copy that fails its checks is fetched again once before the
+            // failure is kept.
+            let (fetched, _pin) = fetch_frame_structure(
+                &self.map,
+                &self.blob_range(unit),
+                self.blob(unit).decoded_length,
+            )
+            .map_err(|e| self.io(e))?;
+            return shared_grid(self, unit, cell, || match self.build_grid(unit) {
+                Err(_) if self.map.refetch(&fetched) => self.build_grid(unit),
+                r => r,
+            });
+        }
         shared_grid(self, unit, cell, || self.build_grid(unit))
     }
 
-    /// Decodes one block of a blob, checking its digests.
     fn will_need(&self, unit: u32) {
-        if (unit as usize) < self.units.len() {
+        if (unit as usize) < self.units.len() && !self.map.is_remote() {
             let b = self.blob(unit);
             let s = self.parsed.data_start + b.offset;
             self.map.will_need(s..s + b.length);
         }
     }
 
+    /// Decodes one block of a blob, checking its digests. Over a remote
+    /// copy, the block's stored bytes are fetched first (and kept in the
+    /// disk cache until it is decoded); a block that fails its checks is
+    /// fetched again once, with its frame's structure.
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
         if key.unit as usize >= self.units.len() {
             return Err(self.integrity(format!("no blob {}", key.unit)));
         }
+        if !self.map.is_remote() {
+            return self.decode_block_once(key);
+        }
         let grid = self.grid(key.unit)?;
         let b = block_index(self, key, &grid)?;
-        let span = grid.span(b);
-        let blob = self.blob(key.unit);
+        let frame = self.blob_range(key.unit);
         let bytes = self.blob_bytes(key.unit);
-        let expect = &blob.blocks[b];
-        let checked = |out: Vec<u8>| {
-            if xxh3_64(&out) != expect.data.0 {
-                return Err(self.unit_integrity(
-                    key.unit,
-                    format!("checksum mismatch in the decoded bytes of block {b}"),
-                ));
+        let blob = self.blob(key.unit);
+        let payload = match blob.encoding {
+            Encoding::Raw => {
+                let span = grid.span(b);
+                vec![frame.start + span.start..frame.start + span.end]
             }
-            Ok(out)
+            Encoding::Z4aiFrame => block_file_ranges(&frame, bytes, &grid, b),
         };
-        match blob.encoding {
-            Encoding::Raw => checked(bytes[span.start as usize..span.end as usize].to_vec()),
-            Encoding::Z4aiFrame => {
-                // Frames always carry a payload digest.
-                let Some(want) = expect.payload.map(|d| d.0) else {
-                    return Err(
-                        self.unit_integrity(key.unit, format!("block {b} has no payload checksum"))
-                    );
-                };
-                decode_unit_block(self, key, bytes)
-                    .and_then(checked)
-                    .map_err(|e| damaged_payload(self, key, bytes, want).unwrap_or(e))
-            }
-        }
+        let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
+        let structure =
+            (blob.encoding == Encoding::Z4aiFrame).then_some((bytes, blob.decoded_length));
+        decode_refetching_once(&self.map, &frame, structure, payload, || {
+            self.decode_block_once(key)
+        })
     }
 
     fn check_range(&self, file: usize, range: Range<u64>) -> Result<()> {

@@ -6,12 +6,19 @@
 //! A frame whose planes are all block-structured (what ckptfs writes) has
 //! sub-tensor blocks of whole elements; any other frame (most z4ai frames)
 //! is one block.
+//!
+//! Over a remote object's local copy (`Backing::Remote`), a frame is read
+//! in two steps: its structure when its grid is first built
+//! ([`fetch_frame_structure`]), then each block's payload when the block
+//! is decoded ([`block_file_ranges`]), so a small read moves about one
+//! compressed block.
 
-use super::{ArchiveView, BlockKey, Result};
+use super::{ArchiveView, Backing, BlockKey, Result};
 use crate::codec::frame::RansTables;
 use crate::codec::CodecError;
 use crate::format::ckx;
 use crate::format::frame::{block_grid, Frame};
+use crate::store::remote::Pin;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
@@ -117,6 +124,92 @@ pub(crate) fn block_ranges(bytes: &[u8], grid: &Grid, b: usize) -> Option<Vec<Ra
         grid.elem_bytes,
         b,
     ))
+}
+
+/// Ranges relative to `frame` as ranges of the file.
+pub(crate) fn in_file(frame: &Range<u64>, rel: &[Range<usize>]) -> Vec<Range<u64>> {
+    rel.iter()
+        .map(|r| frame.start + r.start as u64..frame.start + r.end as u64)
+        .collect()
+}
+
+/// For a frame at file bytes `frame` of a remote copy, before its grid is
+/// built: fetches what building the grid reads, the frame's structure (not
+/// its payloads), or the whole frame when it cannot be read block by block
+/// (that is its one block, pinned in the disk cache until the grid is
+/// built). Returns the file ranges fetched (to fetch again when a check
+/// fails) and the pin. `decoded_len` is the frame's decoded length.
+pub(crate) fn fetch_frame_structure<'m>(
+    map: &'m Backing,
+    frame: &Range<u64>,
+    decoded_len: u64,
+) -> std::io::Result<(Vec<Range<u64>>, Option<Pin<'m>>)> {
+    let bytes = &map.bytes()[frame.start as usize..frame.end as usize];
+    let by_block = crate::format::frame::fetch_structure(bytes, &mut |r| {
+        map.ensure_all(&in_file(frame, &[r]))
+    })?;
+    match by_block
+        .then(|| structure_ranges(bytes, decoded_len))
+        .flatten()
+    {
+        Some(rs) => {
+            let ranges = in_file(frame, &rs);
+            map.ensure_all(&ranges)?;
+            Ok((ranges, None))
+        }
+        None => {
+            let whole = vec![frame.clone()];
+            let pin = map.pin_all(&whole)?;
+            Ok((whole, pin))
+        }
+    }
+}
+
+/// The file ranges block `b` of the frame at file bytes `frame` decodes
+/// from: its payload in each plane, or the whole frame when the frame is
+/// not block-structured.
+pub(crate) fn block_file_ranges(
+    frame: &Range<u64>,
+    bytes: &[u8],
+    grid: &Grid,
+    b: usize,
+) -> Vec<Range<u64>> {
+    match block_ranges(bytes, grid, b) {
+        Some(rs) => in_file(frame, &rs),
+        None => vec![frame.clone()],
+    }
+}
+
+/// Decodes a block of a remote copy whose stored bytes `payload` were
+/// fetched: when the decode fails its checks (the cached bytes may be
+/// damaged), fetches them again once, with the frame's structure when
+/// `frame` is a z4ai frame (`Some((bytes, decoded_len))`, else the block's
+/// bytes only), and decodes once more.
+pub(crate) fn decode_refetching_once(
+    map: &Backing,
+    file_range: &Range<u64>,
+    frame: Option<(&[u8], u64)>,
+    payload: Vec<Range<u64>>,
+    decode: impl Fn() -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
+    use super::ArchiveError;
+    match decode() {
+        Err(e @ (ArchiveError::Integrity { .. } | ArchiveError::Frame { .. })) => {
+            let mut again = payload;
+            if let Some((bytes, decoded_len)) = frame {
+                match structure_ranges(bytes, decoded_len) {
+                    Some(rs) => again.extend(in_file(file_range, &rs)),
+                    None => again = vec![file_range.clone()],
+                }
+            }
+            if map.refetch(&again) {
+                decode()
+            } else {
+                Err(e)
+            }
+        }
+        r => r,
+    }
 }
 
 /// The byte ranges of a frame (relative to it) outside every block's

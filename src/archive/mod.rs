@@ -400,8 +400,9 @@ const OPEN_GUESS: u64 = 64 << 10;
 
 /// Fetches what opening a remote archive reads: for a ZSTN container with
 /// an index, its head (up to the first frame), its index and footer and
-/// its CKX1 block (frames are fetched when first used); for any other
-/// kind, the whole object. Offsets read here are only used to choose what
+/// its CKX1 block (frames are fetched when first used); for ckptfs's
+/// `.blz`, its prelude and header (blobs are fetched when first used); for
+/// any other kind, the whole object. Offsets read here are only used to choose what
 /// to fetch (clamped to the object); the parser checks them as usual.
 fn remote_metadata(b: &Backing) -> std::io::Result<()> {
     let len = b.bytes().len() as u64;
@@ -419,6 +420,12 @@ fn remote_metadata(b: &Backing) -> std::io::Result<()> {
     b.ensure_all(&[0..guess, len - guess..len])?;
     b.ensure(0..22)?;
     let bytes = b.bytes();
+    if Kind::detect(bytes) == Some(Kind::Blz) {
+        // The prelude and the header JSON; blobs are fetched when used.
+        let prelude = crate::format::blz::PRELUDE_LEN;
+        let header_end = u64_at(12).map_or(len, |h| h.saturating_add(prelude).min(len));
+        return b.ensure(0..header_end);
+    }
     let indexed = Kind::detect(bytes) == Some(Kind::Zstn) && bytes.get(5) == Some(&1);
     let footer = crate::format::zstn::FOOTER_LEN;
     if !indexed || len < 22 + footer {

@@ -23,8 +23,9 @@
 //! head, plus 24 per block and the grids built so far.
 
 use super::frame_block::{
-    block_index, block_ranges, damaged_payload, decode_unit_block, frame_grid, shared_grid,
-    structure_ranges, GridCell, GridError,
+    block_file_ranges, block_index, block_ranges, damaged_payload, decode_refetching_once,
+    decode_unit_block, fetch_frame_structure, frame_grid, in_file, shared_grid, GridCell,
+    GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::codec::CodecError;
@@ -64,13 +65,6 @@ fn loose_note(e: &str) -> String {
         "; note: the header is not strict safetensors ({e}), but every tensor decodes exactly \
          as stored"
     )
-}
-
-/// Ranges relative to `frame` as ranges of the file.
-fn in_file(frame: &Range<u64>, rel: &[Range<usize>]) -> Vec<Range<u64>> {
-    rel.iter()
-        .map(|r| frame.start + r.start as u64..frame.start + r.end as u64)
-        .collect()
 }
 
 /// Blocks a remote archive fetches together for a sequential reader (an
@@ -355,26 +349,8 @@ impl ZstnArchive {
             let pin = self.map.pin_all(&whole).map_err(|e| self.io(e))?;
             return Ok((whole, pin));
         }
-        let bytes = self.frame_bytes(unit);
-        let by_block = crate::format::frame::fetch_structure(bytes, &mut |r| {
-            self.map.ensure_all(&in_file(&frame, &[r]))
-        })
-        .map_err(|e| self.io(e))?;
-        match by_block
-            .then(|| structure_ranges(bytes, self.unit_decoded_len(unit)))
-            .flatten()
-        {
-            Some(rs) => {
-                let ranges = in_file(&frame, &rs);
-                self.map.ensure_all(&ranges).map_err(|e| self.io(e))?;
-                Ok((ranges, None))
-            }
-            None => {
-                let whole = vec![frame];
-                let pin = self.map.pin_all(&whole).map_err(|e| self.io(e))?;
-                Ok((whole, pin))
-            }
-        }
+        fetch_frame_structure(&self.map, &frame, self.unit_decoded_len(unit))
+            .map_err(|e| self.io(e))
     }
 
     /// True when the unit before `unit` is read or was (its grid is
@@ -619,10 +595,7 @@ impl ArchiveView for ZstnArchive {
         let b = block_index(self, key, &grid)?;
         let frame = self.unit_frame(key.unit);
         let bytes = self.frame_bytes(key.unit);
-        let payload = match block_ranges(bytes, &grid, b) {
-            Some(rs) => in_file(&frame, &rs),
-            None => vec![frame.clone()],
-        };
+        let payload = block_file_ranges(&frame, bytes, &grid, b);
         // Sequential read-ahead: a missing block whose predecessor is here
         // or on its way belongs to a reader going through the frame in
         // order (the mount decodes several blocks ahead at once): the
@@ -692,21 +665,10 @@ impl ArchiveView for ZstnArchive {
         // The block's bytes stay in the disk cache until it is decoded.
         let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
         drop(_ahead);
-        match self.decode_block_once(key) {
-            Err(e @ (ArchiveError::Integrity { .. } | ArchiveError::Frame { .. })) => {
-                let mut again = payload;
-                match structure_ranges(bytes, self.unit_decoded_len(key.unit)) {
-                    Some(rs) => again.extend(in_file(&frame, &rs)),
-                    None => again = vec![frame],
-                }
-                if self.map.refetch(&again) {
-                    self.decode_block_once(key)
-                } else {
-                    Err(e)
-                }
-            }
-            r => r,
-        }
+        let structure = Some((bytes, self.unit_decoded_len(key.unit)));
+        decode_refetching_once(&self.map, &frame, structure, payload, || {
+            self.decode_block_once(key)
+        })
     }
 
     fn verify_structure(&self) -> Result<()> {
