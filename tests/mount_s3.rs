@@ -387,16 +387,31 @@ fn a_replaced_object_is_a_new_version_and_open_handles_keep_the_old() {
     assert!(again == f.big);
 }
 
+/// The entries below `dir` with their metadata, skipping those the daemon
+/// renamed or removed meanwhile (its state files are saved through a
+/// temporary file and a rename, in the background).
+fn entries(dir: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            match e.metadata() {
+                Ok(m) => Some((e.path(), m)),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+                Err(err) => panic!("{}: {err}", e.path().display()),
+            }
+        })
+        .collect()
+}
+
 /// Bytes the regular files below `dir` occupy on disk (what `du` counts
 /// of them).
 fn disk_usage(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut total = 0;
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let m = e.metadata().unwrap();
+    for (path, m) in entries(dir) {
         if m.is_dir() {
-            total += disk_usage(&e.path());
+            total += disk_usage(&path);
         } else if m.is_file() {
             total += m.blocks() * 512;
         }
@@ -408,18 +423,11 @@ fn disk_usage(dir: &Path) -> u64 {
 fn usage_listing(dir: &Path) -> String {
     use std::os::unix::fs::MetadataExt;
     let mut out = String::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let m = e.metadata().unwrap();
+    for (path, m) in entries(dir) {
         if m.is_dir() {
-            out += &usage_listing(&e.path());
+            out += &usage_listing(&path);
         } else if m.blocks() > 0 {
-            out += &format!(
-                "\n  {} {} of {}",
-                e.path().display(),
-                m.blocks() * 512,
-                m.len()
-            );
+            out += &format!("\n  {} {} of {}", path.display(), m.blocks() * 512, m.len());
         }
     }
     out
