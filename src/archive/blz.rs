@@ -575,9 +575,7 @@ impl ArchiveView for BlzArchive {
 
     fn will_need(&self, unit: u32) {
         if (unit as usize) < self.units.len() && !self.map.is_remote() {
-            let b = self.blob(unit);
-            let s = self.parsed.data_start + b.offset;
-            self.map.will_need(s..s + b.length);
+            self.map.will_need(self.blob_range(unit));
         }
     }
 
