@@ -265,7 +265,7 @@ fn get_ranges_streams_each_part_to_its_offset_and_checks_it() {
         .get_ranges(
             "obj",
             &parts,
-            &head.etag,
+            head.version(),
             2,
             &|at, b| {
                 got.borrow_mut()[at as usize..at as usize + b.len()].copy_from_slice(b);
@@ -302,7 +302,7 @@ fn get_ranges_streams_each_part_to_its_offset_and_checks_it() {
         .get_ranges(
             "obj",
             &[size - 10..size + 10],
-            &head.etag,
+            head.version(),
             1,
             &|_, _| Ok(()),
             &mut |r| done.push(r.clone()),
@@ -318,11 +318,28 @@ fn get_ranges_streams_each_part_to_its_offset_and_checks_it() {
         .get_ranges(
             "obj",
             &parts[..1],
-            &head.etag,
+            head.version(),
             1,
             &|_, _| Ok(()),
             &mut |_| {},
         )
         .unwrap_err();
+    assert!(e.to_string().contains("changed on the server"), "{e}");
+
+    // A version known only by its time (a listing without ETags): the
+    // current one reads, and once the object is replaced (a second later,
+    // as HTTP dates count), the read is refused, whether or not the
+    // server honours If-Unmodified-Since.
+    let now = client.head("obj").unwrap();
+    let by_time = ckptfs::store::s3::Version {
+        etag: "",
+        mtime: now.mtime,
+    };
+    let read = |v| client.get_ranges("obj", &[0..4], v, 1, &|_, _| Ok(()), &mut |_| {});
+    read(by_time).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    std::fs::write(&src, b"a third version").unwrap();
+    server.put("ranges", &[("p/obj".to_string(), &src)]);
+    let e = read(by_time).unwrap_err();
     assert!(e.to_string().contains("changed on the server"), "{e}");
 }

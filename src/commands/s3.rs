@@ -65,7 +65,7 @@ fn download(url: &S3Url, dest: &Path) -> Result<()> {
     client.get_ranges(
         key,
         &parts,
-        &head.etag,
+        head.version(),
         4,
         &|at, b| f.write_all_at(b, at),
         &mut |_| {},

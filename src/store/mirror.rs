@@ -190,18 +190,16 @@ impl Mirror {
                 continue;
             }
             let current = self.known.lock().get(&l.rel).cloned();
-            if let Some(c) = &current {
-                if c.etag == l.etag && c.size == l.size {
-                    continue;
-                }
+            if current.is_some_and(|c| c.listed().same_version(&l)) {
+                continue;
             }
             match self.add_version(&l) {
                 Ok(r) => {
                     if let Some(old) = self.known.lock().insert(l.rel.clone(), r) {
                         log::info!(
-                            "{}: new version (ETag {}); open handles keep the old one",
+                            "{}: new version ({}); open handles keep the old one",
                             self.client.url().display(&l.rel),
-                            l.etag
+                            l.version_key()
                         );
                         old.forget();
                     }
@@ -245,11 +243,7 @@ impl Mirror {
         if dest.symlink_metadata().is_ok_and(|m| m.is_dir()) {
             return Err(io::Error::other("a directory of the mirror has that name"));
         }
-        let name = format!(
-            "{:016x}-{:016x}",
-            xxh3_64(l.rel.as_bytes()),
-            xxh3_64(l.etag.as_bytes())
-        );
+        let name = version_name(l);
         let tmp = self.tmp_dir.join(&name);
         let file = OpenOptions::new()
             .read(true)
@@ -297,23 +291,39 @@ impl Mirror {
     /// The object `rel` (ETag `etag`) just uploaded is the mirror file at
     /// `rel`, whole: it is registered as the current version, with every
     /// byte present.
+    ///
+    /// The version is what a HEAD of the object says (its modification
+    /// time identifies it where listings carry no ETag); if the HEAD
+    /// fails, the upload's ETag and the local file's time stand in, and
+    /// the next listing may then take the object for a new version
+    /// (fetched again when read: slower, never wrong).
     pub fn published(&self, rel: &str, etag: &str) -> io::Result<()> {
-        let r = self.adopt(rel, etag, None);
+        let version = self.client.head(rel).unwrap_or_else(|e| {
+            log::warn!("{e}: after uploading it");
+            Listed {
+                rel: rel.to_string(),
+                size: 0,
+                etag: etag.to_string(),
+                mtime: 0,
+            }
+        });
+        let r = self.adopt(rel, version, None);
         self.touch(rel, false);
         r
     }
 
-    /// Registers the mirror file at `rel` as version `etag` of object
-    /// `rel`, with bytes `present` (None: all).
-    fn adopt(&self, rel: &str, etag: &str, present: Option<RangeSet>) -> io::Result<()> {
+    /// Registers the mirror file at `rel` as version `v` of object `rel`
+    /// (its size is the file's; a time of 0 is taken from the file), with
+    /// bytes `present` (None: all).
+    fn adopt(&self, rel: &str, v: Listed, present: Option<RangeSet>) -> io::Result<()> {
         let path = self.root.join(rel);
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let m = file.metadata()?;
         let listed = Listed {
             rel: rel.to_string(),
             size: m.len(),
-            etag: etag.to_string(),
-            mtime: m.mtime(),
+            mtime: if v.mtime == 0 { m.mtime() } else { v.mtime },
+            etag: v.etag,
         };
         let present = present.unwrap_or_else(|| {
             let mut all = RangeSet::new();
@@ -323,11 +333,7 @@ impl Mirror {
         if let Some(old) = self.known.lock().remove(rel) {
             old.forget();
         }
-        let name = format!(
-            "{:016x}-{:016x}",
-            xxh3_64(rel.as_bytes()),
-            xxh3_64(etag.as_bytes())
-        );
+        let name = version_name(&listed);
         let state_path = self.state_dir.join(format!("{name}.json"));
         let r = RemoteFile::new(
             self.client.clone(),
@@ -394,7 +400,7 @@ impl Mirror {
             r.present()
         });
         let head = self.client.head(to)?;
-        self.adopt(to, &head.etag, present)?;
+        self.adopt(to, head, present)?;
         self.touch(to, false);
         match self.client.delete(from) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -416,4 +422,13 @@ impl Mirror {
             })?;
         Ok(())
     }
+}
+
+/// The name of the mirror's state (and temporary) file for version `l`.
+fn version_name(l: &Listed) -> String {
+    format!(
+        "{:016x}-{:016x}",
+        xxh3_64(l.rel.as_bytes()),
+        xxh3_64(l.version_key().as_bytes())
+    )
 }

@@ -534,7 +534,7 @@ impl RemoteFile {
         self.client.get_ranges(
             &self.rel,
             &parts,
-            &self.etag,
+            self.version(),
             IN_FLIGHT,
             &|at, bytes| {
                 self.file.write_all_at(bytes, at)?;
@@ -543,6 +543,24 @@ impl RemoteFile {
             },
             done,
         )
+    }
+
+    /// This file's object and version, as a listing gives them.
+    pub fn listed(&self) -> super::s3::Listed {
+        super::s3::Listed {
+            rel: self.rel.clone(),
+            size: self.size,
+            etag: self.etag.clone(),
+            mtime: self.mtime,
+        }
+    }
+
+    /// The version this file holds, which every fetch must read.
+    pub fn version(&self) -> super::s3::Version<'_> {
+        super::s3::Version {
+            etag: &self.etag,
+            mtime: self.mtime,
+        }
     }
 
     /// Queues a save of the range set for the saver thread (or, when it

@@ -106,6 +106,85 @@ pub struct Listed {
     pub mtime: i64,
 }
 
+impl Listed {
+    /// The version a read of this object must see.
+    pub fn version(&self) -> Version<'_> {
+        Version {
+            etag: &self.etag,
+            mtime: self.mtime,
+        }
+    }
+
+    /// Whether `self` and `other` (of one object) are the same version:
+    /// same size, and same ETag when both have one, else same
+    /// modification time (a server that lists no ETag, such as s3s-fs,
+    /// still gives one on GET and HEAD, so a version known from an upload
+    /// or a HEAD has one and a listed one does not).
+    pub fn same_version(&self, other: &Listed) -> bool {
+        self.size == other.size
+            && if !self.etag.is_empty() && !other.etag.is_empty() {
+                self.etag == other.etag
+            } else {
+                self.mtime == other.mtime
+            }
+    }
+
+    /// A name for this version, unique among the object's versions.
+    pub fn version_key(&self) -> String {
+        if self.etag.is_empty() {
+            format!("mtime {} size {}", self.mtime, self.size)
+        } else {
+            self.etag.clone()
+        }
+    }
+}
+
+/// The version of an object a ranged read must see: its ETag, or, when
+/// the server gave none, its modification time (whole seconds, as HTTP
+/// dates carry it). The GET is conditional on it (`If-Match`, else
+/// `If-Unmodified-Since`), and the response's own ETag or `Last-Modified`
+/// is checked as well, so a server that ignores conditions (s3s-fs does)
+/// still never hands over bytes of another version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version<'a> {
+    pub etag: &'a str,
+    pub mtime: i64,
+}
+
+impl Version<'_> {
+    fn options(&self, range: Range<u64>) -> GetOptions {
+        let etag = (!self.etag.is_empty()).then(|| self.etag.to_string());
+        let since = if etag.is_none() {
+            chrono::DateTime::from_timestamp(self.mtime, 0)
+        } else {
+            None
+        };
+        GetOptions {
+            range: Some(GetRange::Bounded(range)),
+            if_match: etag,
+            if_unmodified_since: since,
+            ..Default::default()
+        }
+    }
+
+    /// Whether the response described by `meta` is of this version.
+    fn check(&self, what: &str, meta: &object_store::ObjectMeta) -> io::Result<()> {
+        let same = match meta.e_tag.as_deref() {
+            Some(got) if !self.etag.is_empty() => got == self.etag,
+            _ => meta.last_modified.timestamp() == self.mtime,
+        };
+        if same {
+            Ok(())
+        } else {
+            Err(other(format!(
+                "{what}: the object changed on the server (it is now ETag {}, modified {})",
+                meta.e_tag.as_deref().unwrap_or("none"),
+                meta.last_modified.to_rfc3339()
+            )))
+        }
+    }
+}
+
 /// Writes fetched bytes: the offset in the object of the first, and the
 /// bytes.
 pub type WriteAt<'a> = dyn Fn(u64, &[u8]) -> io::Result<()> + 'a;
@@ -224,7 +303,7 @@ impl S3Client {
         map_result(what, r, self.deadline)
     }
 
-    /// Fetches the ranges `parts` of object `rel` (version `etag`), up to
+    /// Fetches the ranges `parts` of object `rel` (version `version`), up to
     /// `in_flight` at once. Each response body is handed to `write` as it
     /// arrives, chunk by chunk, with the offset in the object of the
     /// chunk's first byte (never beyond its part): no part is gathered in
@@ -237,7 +316,7 @@ impl S3Client {
         &self,
         rel: &str,
         parts: &[Range<u64>],
-        etag: &str,
+        version: Version<'_>,
         in_flight: usize,
         write: &WriteAt<'_>,
         done: &mut dyn FnMut(&Range<u64>),
@@ -252,18 +331,15 @@ impl S3Client {
                     let (path, name) = (&path, &name);
                     async move {
                         let what = format!("{name} bytes {}..{}", r.start, r.end);
-                        let opts = GetOptions {
-                            range: Some(GetRange::Bounded(r.clone())),
-                            if_match: (!etag.is_empty()).then(|| etag.to_string()),
-                            ..Default::default()
-                        };
+                        let opts = version.options(r.clone());
                         let got = tokio::time::timeout(deadline, async {
-                            let mut body = self
+                            let got = self
                                 .store
                                 .get_opts(path, opts)
                                 .await
-                                .map_err(|e| store_error(&what, e))?
-                                .into_stream();
+                                .map_err(|e| store_error(&what, e))?;
+                            version.check(&what, &got.meta)?;
+                            let mut body = got.into_stream();
                             let mut at = r.start;
                             while let Some(chunk) =
                                 body.try_next().await.map_err(|e| store_error(&what, e))?
@@ -322,34 +398,6 @@ impl S3Client {
                 })
             })
             .collect())
-    }
-
-    /// Bytes `range` of object `rel`, only if its ETag is still `etag`
-    /// (empty: any version).
-    pub fn get_range(&self, rel: &str, range: Range<u64>, etag: &str) -> io::Result<Vec<u8>> {
-        let what = format!(
-            "{} bytes {}..{}",
-            self.url.display(rel),
-            range.start,
-            range.end
-        );
-        let path = ObjPath::from(self.url.key(rel));
-        let want = range.end - range.start;
-        let opts = GetOptions {
-            range: Some(GetRange::Bounded(range)),
-            if_match: (!etag.is_empty()).then(|| etag.to_string()),
-            ..Default::default()
-        };
-        let bytes = self.run(&what, async {
-            self.store.get_opts(&path, opts).await?.bytes().await
-        })?;
-        if bytes.len() as u64 != want {
-            return Err(other(format!(
-                "{what}: the server sent {} bytes",
-                bytes.len()
-            )));
-        }
-        Ok(bytes.to_vec())
     }
 
     /// The size and ETag of object `rel`.
@@ -529,6 +577,66 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn listed(etag: &str, size: u64, mtime: i64) -> Listed {
+        Listed {
+            rel: "m.zstn".into(),
+            size,
+            etag: etag.into(),
+            mtime,
+        }
+    }
+
+    #[test]
+    fn versions_compare_by_etag_else_by_time() {
+        let a = listed("\"e1\"", 10, 100);
+        assert!(a.same_version(&listed("\"e1\"", 10, 200)), "ETag decides");
+        assert!(!a.same_version(&listed("\"e2\"", 10, 100)));
+        assert!(!a.same_version(&listed("\"e1\"", 11, 100)), "size too");
+        // A listing without ETags (s3s-fs) against a version known from
+        // an upload: the time decides.
+        assert!(a.same_version(&listed("", 10, 100)));
+        assert!(!a.same_version(&listed("", 10, 101)));
+        assert!(listed("", 10, 100).same_version(&listed("", 10, 100)));
+        assert!(!listed("", 10, 100).same_version(&listed("", 9, 100)));
+        // Two versions without ETags get different names.
+        assert_ne!(
+            listed("", 10, 100).version_key(),
+            listed("", 10, 101).version_key()
+        );
+        assert_eq!(a.version_key(), "\"e1\"");
+    }
+
+    #[test]
+    fn a_response_of_another_version_is_refused() {
+        let meta = |etag: Option<&str>, secs: i64| object_store::ObjectMeta {
+            location: ObjPath::from("m.zstn"),
+            last_modified: chrono::DateTime::from_timestamp(secs, 0).unwrap(),
+            size: 10,
+            e_tag: etag.map(str::to_string),
+            version: None,
+        };
+        let v = Version {
+            etag: "\"e1\"",
+            mtime: 100,
+        };
+        assert!(v.check("m", &meta(Some("\"e1\""), 500)).is_ok());
+        let e = v.check("m", &meta(Some("\"e2\""), 100)).unwrap_err();
+        assert!(e.to_string().contains("changed on the server"), "{e}");
+        // No ETag in the response: the time decides.
+        assert!(v.check("m", &meta(None, 100)).is_ok());
+        assert!(v.check("m", &meta(None, 101)).is_err());
+        // A version known by its time only.
+        let v = Version {
+            etag: "",
+            mtime: 100,
+        };
+        assert!(v.check("m", &meta(Some("\"e9\""), 100)).is_ok());
+        assert!(v.check("m", &meta(Some("\"e9\""), 99)).is_err());
+        let o = v.options(0..4);
+        assert_eq!(o.if_match, None);
+        assert_eq!(o.if_unmodified_since.map(|t| t.timestamp()), Some(100));
+    }
 
     #[test]
     fn urls() {
