@@ -526,6 +526,68 @@ fn a_sequential_read_fetches_blocks_ahead_in_few_requests() {
     );
 }
 
+/// A large plain object (not an archive) is fetched as it is read, in
+/// pieces of 8 MiB, not whole when opened; a reader going through it in
+/// order gets the next pieces ahead, and no byte is fetched twice.
+#[test]
+fn a_large_plain_object_is_fetched_by_ranges_as_it_is_read() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(41);
+    let size = (40 << 20) + 12345;
+    let big: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+    let small = b"a small plain file\n".to_vec();
+    let args = mount_args(
+        &server,
+        &dir.path().join("cache"),
+        &["--request-timeout", "60"],
+    );
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let m = Mount::of_store_arg(
+        |store| {
+            std::fs::write(store.join("weights.bin"), &big).unwrap();
+            std::fs::write(store.join("notes.txt"), &small).unwrap();
+            server.put_tree("plain", "p", store);
+        },
+        "s3://plain/p",
+        &args,
+    );
+    server.reset();
+    assert_eq!(std::fs::read(m.path("notes.txt")).unwrap(), small);
+    // 4 KiB in the middle (O_DIRECT: no kernel read-ahead).
+    let off = 20 << 20;
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path("weights.bin"))
+        .unwrap();
+    let mut a = Aligned::new(4096);
+    d.read_exact_at(a.as_mut(), off).unwrap();
+    assert!(a.as_mut()[..] == big[off as usize..off as usize + 4096]);
+    let (gets, bytes) = server.gets();
+    eprintln!("a small file and 4 KiB of a {size}-byte plain object: {gets} GETs, {bytes} bytes");
+    assert!(
+        bytes <= (8 << 20) + 4096,
+        "fetched {bytes} bytes of a {size}-byte object in {gets} GETs for a 4 KiB read"
+    );
+    // The whole object, in order, then through a map.
+    let got = std::fs::read(m.path("weights.bin")).unwrap();
+    assert!(got == big, "the object read through the S3 mount differs");
+    let (gets, bytes) = server.gets();
+    eprintln!("then the whole object: {gets} GETs, {bytes} bytes");
+    assert!(
+        bytes <= size as u64 + 4096,
+        "{bytes} bytes fetched for {size}: some twice"
+    );
+    assert!(gets <= 12, "{gets} GETs for a {size}-byte object");
+    let file = File::open(m.path("weights.bin")).unwrap();
+    // SAFETY: the mapped file is not changed while mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    for at in [0, 12345, (33 << 20) + 7, size - 100] {
+        assert_eq!(map[at..at + 100], big[at..at + 100], "at {at}");
+    }
+}
+
 #[test]
 fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
     const LIMIT: u64 = 4 << 20;

@@ -64,8 +64,9 @@ pub(super) struct PlainHandle {
     /// into the spool (`write::adopt`).
     pub(super) opener: Option<super::beneath::Ids>,
     /// The S3 object this file is a copy of, kept in the disk cache while
-    /// the handle lives.
-    _remote: Option<crate::store::remote::InUse>,
+    /// the handle lives (a large one: what the reads fetched, while they
+    /// use it).
+    pub(super) remote: Option<crate::store::remote::InUse>,
 }
 
 pub(super) enum Handle {
@@ -135,7 +136,7 @@ impl CheckpointFs {
             cached: !passthrough,
             writer,
             opener: writer.and_then(|_| super::beneath::current_caller()),
-            _remote: remote,
+            remote,
         }));
         Opened::Plain {
             fh,

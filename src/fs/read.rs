@@ -182,18 +182,21 @@ impl CheckpointFs {
                 if (m.dev(), m.ino()) != inode.identity() {
                     return Err(FsError::Stale);
                 }
-                // A plain object of an S3 store is fetched whole before it
-                // is served (the failure is logged with the object's name),
-                // and kept in the disk cache while the handle lives.
-                let remote = crate::store::remote::fill_whole(&file)
+                // A plain object of an S3 store: a small one is fetched
+                // whole before it is served, and kept in the disk cache
+                // while the handle lives; a large one is fetched by the
+                // reads (the failure is logged with the object's name).
+                let remote = crate::store::remote::open_plain(&file, false)
                     .map_err(|_| FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)))?;
+                let whole = remote.as_ref().is_none_or(|(_, complete)| *complete);
+                let remote = remote.map(|(u, _)| u);
                 // A staged file becomes an archive (served through the page
                 // cache) when it is compressed, under the same inode; the
                 // kernel refuses (EIO) an open whose io mode differs from
                 // opens still in flight on that inode, so staged files are
                 // never passed through.
                 let staged = matches!(inode.kind(), NodeKind::Staged { .. });
-                let passthrough = !staged && !self.has_cached_opens(ino);
+                let passthrough = whole && !staged && !self.has_cached_opens(ino);
                 Ok(self.plain_handle_of(ino, file, None, passthrough, flags, remote))
             }
             NodeKind::Archive => {
@@ -250,7 +253,15 @@ impl CheckpointFs {
     pub fn read_data(&self, fh: u64, offset: u64, size: u32) -> Result<ReadData> {
         let h = self.handle(fh)?;
         match &*h {
-            Handle::Plain(PlainHandle { file, .. }) => {
+            Handle::Plain(PlainHandle { file, remote, .. }) => {
+                // A large object of an S3 store is fetched as it is read.
+                let _pin = match remote {
+                    Some(r) if !r.is_complete() => Some(
+                        r.pin_for_read(offset..offset.saturating_add(size as u64))
+                            .map_err(|_| FsError::Io(io::Error::from_raw_os_error(libc::EIO)))?,
+                    ),
+                    _ => None,
+                };
                 let mut buf = vec![0u8; size as usize];
                 let mut n = 0;
                 while n < buf.len() {

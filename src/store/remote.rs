@@ -825,18 +825,61 @@ pub fn lookup(file: &File) -> Option<Arc<RemoteFile>> {
     REGISTRY.read().get(&(m.dev(), m.ino())).cloned()
 }
 
-/// Fills a whole plain (non-archive) mirror file before it is served: the
-/// mount's open of a plain file calls this and keeps the returned use
-/// while the file is open (its bytes are then never evicted). A file that
-/// is not a mirror file is left alone (None).
+/// A plain file at most this large is fetched whole when opened (one
+/// request); a larger one is read by ranges, in aligned pieces of this
+/// size ([`InUse::pin_for_read`]).
+pub const PLAIN_CHUNK: u64 = PART;
+/// Pieces of a plain file fetched ahead of a reader going through it in
+/// order.
+const PLAIN_AHEAD: u64 = 2;
+
+/// Prepares a plain (non-archive) mirror file to be served, for the
+/// mount's open of a plain file, which keeps the returned use while the
+/// file is open. A file of at most [`PLAIN_CHUNK`] bytes, or one wanted
+/// whole (`whole`: opened for writing), is fetched whole now, and its bytes
+/// are then never evicted while open; a larger one is left to be fetched
+/// by the reads ([`InUse::pin_for_read`]). A file that is not a mirror
+/// file is left alone (None). The flag says whether the file is complete
+/// on return (it may then be served by the kernel directly).
+pub fn open_plain(file: &File, whole: bool) -> io::Result<Option<(InUse, bool)>> {
+    let Some(r) = lookup(file) else {
+        return Ok(None);
+    };
+    let u = InUse::new(r);
+    if whole || u.size <= PLAIN_CHUNK || u.is_complete() {
+        u.ensure(0..u.size)?;
+        return Ok(Some((u, true)));
+    }
+    Ok(Some((u, false)))
+}
+
+/// Fills a whole plain (non-archive) mirror file ([`open_plain`] with
+/// `whole`).
 pub fn fill_whole(file: &File) -> io::Result<Option<InUse>> {
-    match lookup(file) {
-        Some(r) => {
-            let u = InUse::new(r);
-            u.ensure(0..u.size)?;
-            Ok(Some(u))
+    Ok(open_plain(file, true)?.map(|(u, _)| u))
+}
+
+impl InUse {
+    /// Makes bytes `range` of a plain file present for a read, and keeps
+    /// them from eviction until the returned pin is dropped. Whole aligned
+    /// pieces of [`PLAIN_CHUNK`] are fetched (a read of a large file
+    /// mostly comes in 128 KiB to 1 MiB requests: one GET each would cost
+    /// a round trip per request); when the piece before the read's first
+    /// is held or being fetched, the reader is going through the file in
+    /// order, and the next [`PLAIN_AHEAD`] pieces are fetched in the
+    /// background.
+    pub fn pin_for_read(&self, range: Range<u64>) -> io::Result<Pin<'_>> {
+        let size = self.size;
+        let start = range.start.min(size) / PLAIN_CHUNK * PLAIN_CHUNK;
+        let end = range.end.min(size).div_ceil(PLAIN_CHUNK) * PLAIN_CHUNK;
+        let end = end.max(start).min(size);
+        if start >= PLAIN_CHUNK && self.has_or_fetching(&[start - PLAIN_CHUNK..start]) {
+            let ahead = end..(end + PLAIN_AHEAD * PLAIN_CHUNK).min(size);
+            if !ahead.is_empty() {
+                self.0.prefetch(&[ahead]);
+            }
         }
-        None => Ok(None),
+        self.pin_all(&[start..end])
     }
 }
 
