@@ -234,6 +234,145 @@ fn credentials_from_a_profiles_credential_process() {
     assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
 
+/// `tests/aws_auth_server.py` (a stand-in for STS and the SSO portal),
+/// killed when dropped, and the log of the requests it saw.
+struct AuthServer {
+    child: std::process::Child,
+    endpoint: String,
+    log: std::path::PathBuf,
+}
+
+impl AuthServer {
+    fn start(dir: &std::path::Path) -> AuthServer {
+        use std::io::BufRead;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = dir.join("auth.log");
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aws_auth_server.py");
+        let mut child = Command::new(common::venv_python())
+            .arg(script)
+            .arg(port.to_string())
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        AuthServer {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for AuthServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A profile that assumes a role with another profile's keys: ckptfs asks
+/// STS (`AssumeRole`, signed with the source profile's key) and reads the
+/// bucket; a profile using IAM Identity Center reads the token `aws sso
+/// login` left and asks the portal for the role's credentials; an expired
+/// login is one line saying to log in again.
+#[test]
+fn credentials_from_an_assumed_role_and_from_sso() {
+    let (server, home) = server_with_one_archive("roles");
+    let auth = AuthServer::start(home.path());
+    let aws = home.path().join(".aws");
+    let ep = server.endpoint();
+    std::fs::write(
+        aws.join("credentials"),
+        "[base]\naws_access_key_id = AKIABASE\naws_secret_access_key = basesecret\n",
+    )
+    .unwrap();
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[profile reader]\nregion = us-east-1\nendpoint_url = {ep}\n\
+             role_arn = arn:aws:iam::123456789012:role/model-reader\nsource_profile = base\n\
+             external_id = fleet-7\n\n\
+             [profile sso]\nregion = us-east-1\nendpoint_url = {ep}\nsso_session = corp\n\
+             sso_account_id = 123456789012\nsso_role_name = ModelReader\n\n\
+             [sso-session corp]\nsso_start_url = https://corp.awsapps.com/start\n\
+             sso_region = us-east-1\n"
+        ),
+    )
+    .unwrap();
+    let url = "s3://roles/m/bf16_dense.zstn";
+    let with = |profile: &'static str| {
+        [
+            ("AWS_PROFILE", profile),
+            ("AWS_ENDPOINT_URL_STS", auth.endpoint.as_str()),
+            ("AWS_ENDPOINT_URL_SSO", auth.endpoint.as_str()),
+        ]
+    };
+    ok(&run_clean_env(
+        &["verify", url],
+        home.path(),
+        &with("reader"),
+    ));
+    let seen = auth.requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["kind"], "sts");
+    assert_eq!(seen[0]["form"]["Action"], "AssumeRole");
+    assert_eq!(
+        seen[0]["form"]["RoleArn"],
+        "arn:aws:iam::123456789012:role/model-reader"
+    );
+    assert_eq!(seen[0]["form"]["ExternalId"], "fleet-7");
+    let signed = seen[0]["auth"].as_str().unwrap();
+    assert!(
+        signed.starts_with("AWS4-HMAC-SHA256 Credential=AKIABASE/")
+            && signed.contains("/us-east-1/sts/aws4_request"),
+        "signed with the source profile's key for STS: {signed}"
+    );
+
+    // SSO: no login yet, then a valid token, then an expired one.
+    let o = run_clean_env(&["verify", url], home.path(), &with("sso"));
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("\"sso\"") && e.contains("aws sso login"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    let cache = aws.join("sso/cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    // botocore names the file by the SHA-1 of the session name.
+    let token = cache.join("ee0bfd2552fbd840c02cc48b6e823320543c450f.json");
+    let token_json = |at: &str| format!(r#"{{"accessToken": "good-token", "expiresAt": "{at}"}}"#);
+    std::fs::write(&token, token_json("2099-01-01T00:00:00Z")).unwrap();
+    ok(&run_clean_env(&["verify", url], home.path(), &with("sso")));
+    let seen = auth.requests();
+    let sso = seen.last().unwrap();
+    assert_eq!(sso["kind"], "sso");
+    assert_eq!(sso["token"], "good-token");
+    assert_eq!(sso["query"]["account_id"], "123456789012");
+    assert_eq!(sso["query"]["role_name"], "ModelReader");
+    std::fs::write(&token, token_json("2020-01-01T00:00:00Z")).unwrap();
+    let o = run_clean_env(&["verify", url], home.path(), &with("sso"));
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("expired") && e.contains("aws sso login"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+}
+
 /// `S3Client::get_ranges` hands each response body over as it arrives,
 /// chunk by chunk at its offset, tells of each part once all its bytes
 /// were written, and refuses a body shorter than asked and a GET of a

@@ -33,8 +33,7 @@ use std::time::{Duration, Instant};
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 /// The most output read from a credential command.
 pub const MAX_OUTPUT: u64 = 64 << 10;
-/// Credentials are fetched again when they expire within this.
-pub const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
+pub use super::credentials::REFRESH_BEFORE;
 
 /// What the command prints (the fields of version 1 of the contract).
 #[derive(Deserialize)]
@@ -47,8 +46,7 @@ struct Output {
     expiration: Option<String>,
 }
 
-/// Credentials and when they stop being valid (None: never).
-type Fetched = (Arc<AwsCredential>, Option<DateTime<Utc>>);
+use super::credentials::Fetched;
 
 /// Parses a credential command's output.
 pub fn parse_output(out: &[u8]) -> Result<(AwsCredential, Option<DateTime<Utc>>), String> {
@@ -208,10 +206,7 @@ impl ProcessCredentials {
     pub fn credentials(&self) -> Result<Arc<AwsCredential>, String> {
         let mut cached = self.cached.lock();
         if let Some((c, expires)) = &*cached {
-            let fresh = expires.is_none_or(|t| {
-                t - Utc::now() > chrono::Duration::from_std(REFRESH_BEFORE).expect("5 minutes")
-            });
-            if fresh {
+            if super::credentials::still_valid(*expires) {
                 return Ok(c.clone());
             }
         }

@@ -5,8 +5,12 @@
 //!   retries and timeouts) over `object_store`;
 //! - [`aws_config`]: credentials, region and endpoint from the AWS shared
 //!   files (`~/.aws/credentials`, `~/.aws/config`, profiles);
+//! - [`credentials`]: which credentials a profile's settings give (keys,
+//!   a process, a role, SSO), kept until they are about to expire;
 //! - [`credential_process`]: credentials printed by a profile's
-//!   `credential_process` command, kept until they are about to expire;
+//!   `credential_process` command;
+//! - [`sts`]: credentials of a role assumed with STS `AssumeRole`;
+//! - [`sso`]: credentials from IAM Identity Center after `aws sso login`;
 //! - [`ranges`]: byte-range sets (pure);
 //! - [`remote`]: a sparse local copy of one object version, filled on
 //!   demand with ranged conditional GETs, and the registry through which
@@ -22,8 +26,11 @@
 pub mod aws_config;
 pub mod budget;
 pub mod credential_process;
+pub mod credentials;
 pub mod lease;
 pub mod mirror;
 pub mod ranges;
 pub mod remote;
 pub mod s3;
+pub mod sso;
+pub mod sts;

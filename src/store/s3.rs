@@ -215,32 +215,32 @@ impl S3Client {
         let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
         // The shared files fill what the environment leaves unset.
         let files = super::aws_config::resolve_env().map_err(other)?;
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        if env("AWS_ACCESS_KEY_ID").is_none() {
-            if let (Some(k), Some(s)) = (&files.access_key_id, &files.secret_access_key) {
-                b = b.with_access_key_id(k).with_secret_access_key(s);
-                if let Some(t) = &files.session_token {
-                    b = b.with_token(t);
-                }
-            } else if let Some(cmd) = files.credential_process.as_deref() {
-                // A web identity named by the environment comes first, as
-                // in the AWS CLI (object_store reads it).
-                if env("AWS_WEB_IDENTITY_TOKEN_FILE").is_none() {
-                    let p = super::credential_process::ProcessCredentials::new(&files.profile, cmd)
-                        .map_err(other)?;
-                    // Run it now: a broken broker is one clear error at
-                    // start, not an EIO at the first read.
-                    p.credentials().map_err(other)?;
-                    b = b.with_credentials(Arc::new(p));
-                }
-            }
-        }
-        if env("AWS_REGION")
+        let env = super::credentials::env;
+        let region = env("AWS_REGION")
             .or_else(|| env("AWS_DEFAULT_REGION"))
-            .is_none()
+            .or_else(|| files.region.clone());
+        if let Some(r) = &region {
+            b = b.with_region(r);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ckptfs-s3")
+            .enable_all()
+            .build()?;
+        // Keys in the environment win (object_store read them). Then, as
+        // in the AWS CLI: a role the profile assumes, a web identity the
+        // environment names (object_store reads it), then SSO, keys and
+        // processes from the files.
+        if env("AWS_ACCESS_KEY_ID").is_none()
+            && (files.role.is_some() || env("AWS_WEB_IDENTITY_TOKEN_FILE").is_none())
         {
-            if let Some(r) = &files.region {
-                b = b.with_region(r);
+            let region = region.as_deref().unwrap_or("us-east-1");
+            if let Some(p) = super::credentials::provider(&files, region).map_err(other)? {
+                // Ask once now: a broken broker, role or login is one
+                // clear error at start, not an EIO at the first read.
+                rt.block_on(p.get_credential())
+                    .map_err(|e| other(one_line(&e.to_string())))?;
+                b = b.with_credentials(p);
             }
         }
         let endpoint = opts
@@ -272,11 +272,6 @@ impl S3Client {
             .with_retry(retry)
             .build()
             .map_err(|e| other(format!("{url}: {e}")))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ckptfs-s3")
-            .enable_all()
-            .build()?;
         Ok(S3Client {
             url,
             store: Arc::new(store),
