@@ -588,6 +588,64 @@ fn a_large_plain_object_is_fetched_by_ranges_as_it_is_read() {
     }
 }
 
+/// On a server that lists no ETags and ignores conditional GETs (as
+/// s3s-fs 0.14 does), a same-size replacement of an object is still a new
+/// version (told by its modification time), and a handle opened on the
+/// old version never gets the new bytes: its reads of bytes not cached
+/// fail (EIO) instead.
+#[test]
+fn without_listed_etags_or_conditions_versions_are_still_never_mixed() {
+    let server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(43);
+    let size = 12 << 20;
+    let v1: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+    let v2: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+    let args = mount_args(
+        &server,
+        &dir.path().join("cache"),
+        &["--request-timeout", "60", "--metadata-ttl", "0.5"],
+    );
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    server.like_s3s_fs();
+    let m = Mount::of_store_arg(
+        |store| {
+            std::fs::write(store.join("w.bin"), &v1).unwrap();
+            server.put_tree("noetag", "p", store);
+        },
+        "s3://noetag/p",
+        &args,
+    );
+    // The old handle reads (and so caches) its first 8 MiB piece only.
+    let old = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path("w.bin"))
+        .unwrap();
+    let mut a = Aligned::new(4096);
+    old.read_exact_at(a.as_mut(), 0).unwrap();
+    assert!(a.as_mut()[..] == v1[..4096]);
+    // Replaced a second later (HTTP dates count seconds), same size.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let src = dir.path().join("v2");
+    std::fs::write(&src, &v2).unwrap();
+    server.put("noetag", &[("p/w.bin".to_string(), &src)]);
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen = std::fs::read(m.path("w.bin")).unwrap_or_default();
+        if seen == v2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(seen == v2, "the same-size replacement never showed up");
+    // The old handle: its cached piece still reads; the rest is refused.
+    old.read_exact_at(a.as_mut(), 4096).unwrap();
+    assert!(a.as_mut()[..] == v1[4096..8192]);
+    let e = old.read_exact_at(a.as_mut(), 10 << 20).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+}
+
 #[test]
 fn the_disk_cache_stays_under_its_limit_and_keeps_serving_after_a_remount() {
     const LIMIT: u64 = 4 << 20;

@@ -321,3 +321,41 @@ fn one_writer_two_readers_and_a_second_writer_is_refused() {
     w.unmount();
     assert!(!has(&server, "shared", "models/.ckptfs-writer.lock"));
 }
+
+/// A server that ignores conditional writes (as s3s-fs 0.14 does) cannot
+/// keep a second writer out: a writable mount is refused there with one
+/// line, and no lock is left behind; a read-only mount works.
+#[test]
+fn a_writable_mount_is_refused_where_conditional_writes_are_ignored() {
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    bucket(&server, "noconds", tmp.path());
+    server.like_s3s_fs();
+    let url = "s3://noconds/models";
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let o = Command::new(bin())
+        .arg("mount")
+        .arg(url)
+        .arg(&mnt)
+        .arg("--foreground")
+        .args(args(&server, &tmp.path().join("w"), &[]))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains(url) && e.contains("ignores conditional writes") && e.contains("--read-only"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    let listing = server.list("noconds", "models");
+    assert!(
+        listing
+            .iter()
+            .all(|(k, _)| !k.ends_with(".ckptfs-writer.lock")),
+        "{listing:?}"
+    );
+    let r = mount(&server, url, &tmp.path().join("r"), &["--read-only"]);
+    assert_eq!(std::fs::read(r.path("README.md")).unwrap(), b"a store\n");
+}

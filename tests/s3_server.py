@@ -11,7 +11,9 @@ of it that the tests stop and start to cut the network.
 /__stats answers {"gets": n, "get_bytes": n, "ranges": ["bytes=a-b", ...],
 "keys": {key: bytes}, "log": [[start, seconds, bytes], ...]} for the object
 GETs since the last /__reset (start and seconds: when each began, on the
-server's monotonic clock, and how long it took to answer).
+server's monotonic clock, and how long it took to answer). GET
+/__mode?like_s3s_fs=1 makes it behave as s3s-fs 0.14 does: conditional
+headers ignored, listings without ETags (`like_s3s_fs=0` undoes it).
 """
 
 import json
@@ -27,6 +29,10 @@ def serve(port):
     app = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
     stats = {"gets": 0, "get_bytes": 0, "ranges": [], "keys": {}, "log": []}
+    # /__mode?like_s3s_fs=1: behave as s3s-fs 0.14 does, ignoring
+    # conditional headers and listing objects without ETags.
+    mode = {"like_s3s_fs": False}
+    conditions = ("HTTP_IF_MATCH", "HTTP_IF_NONE_MATCH", "HTTP_IF_UNMODIFIED_SINCE")
 
     def counting(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -41,6 +47,15 @@ def serve(port):
                 stats.update(gets=0, get_bytes=0, ranges=[], keys={}, log=[])
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
+        if path == "/__mode":
+            mode["like_s3s_fs"] = "like_s3s_fs=1" in environ.get("QUERY_STRING", "")
+            start_response("200 OK", [("Content-Length", "0")])
+            return [b""]
+        if mode["like_s3s_fs"]:
+            for h in conditions:
+                environ.pop(h, None)
+            if environ["REQUEST_METHOD"] == "GET" and "list-type" in environ.get("QUERY_STRING", ""):
+                return without_etags(environ, start_response)
         is_get = environ["REQUEST_METHOD"] == "GET" and environ.get("QUERY_STRING", "") == ""
         t0 = time.monotonic()
         result = app(environ, start_response)
@@ -54,6 +69,19 @@ def serve(port):
             stats["get_bytes"] += len(body)
             stats["ranges"].append(environ.get("HTTP_RANGE", ""))
             stats["keys"][path] = stats["keys"].get(path, 0) + len(body)
+        return [body]
+
+    def without_etags(environ, start_response):
+        import re
+        got = {}
+
+        def keep(status, headers, exc_info=None):
+            got["status"], got["headers"] = status, headers
+
+        body = b"".join(app(environ, keep))
+        body = re.sub(rb"<ETag>[^<]*</ETag>", b"", body)
+        headers = [(k, v) for k, v in got["headers"] if k.lower() != "content-length"]
+        start_response(got["status"], headers + [("Content-Length", str(len(body)))])
         return [body]
 
     srv = make_server("127.0.0.1", port, counting, threaded=True)

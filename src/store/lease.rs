@@ -61,6 +61,28 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// Checks, with the lock just created, that the server refuses the
+/// conditional writes the lock relies on: creating it again
+/// (`If-None-Match: *`) and replacing it on an ETag it does not have
+/// (`If-Match`). A server that ignores them (s3s-fs 0.14 does) would let a
+/// second writer take the lock without a word, so a writable mount is
+/// refused there (read-only mounts need no lock).
+fn check_conditions(client: &S3Client, body: &[u8]) -> io::Result<()> {
+    let ignored = client.put_new(LOCK_KEY, body.to_vec()).is_ok()
+        || client
+            .put_if(LOCK_KEY, body.to_vec(), "\"ckptfs-no-such-etag\"")
+            .is_ok();
+    if ignored {
+        return Err(io::Error::other(format!(
+            "{}: the server ignores conditional writes (If-None-Match, If-Match), so a \
+             writable mount could not keep a second writer out; mount with --read-only, or \
+             use a server that honours them (AWS S3, MinIO, Ceph RGW)",
+            client.url()
+        )));
+    }
+    Ok(())
+}
+
 impl WriterLease {
     /// Takes the writer lock of the client's prefix for `owner`, or says
     /// (one line) which daemon holds it.
@@ -77,7 +99,13 @@ impl WriterLease {
             me.heartbeat = now();
             let body = serde_json::to_vec(&me).map_err(io::Error::other)?;
             let err = match client.put_new(LOCK_KEY, body.clone()) {
-                Ok(etag) => return Ok(Self::held(client, me, etag)),
+                Ok(etag) => {
+                    if let Err(e) = check_conditions(&client, &body) {
+                        let _ = client.delete(LOCK_KEY);
+                        return Err(e);
+                    }
+                    return Ok(Self::held(client, me, etag));
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => e,
                 Err(e) => return Err(e),
             };

@@ -113,6 +113,13 @@ impl S3Server {
         self.call("/__reset");
     }
 
+    /// Makes the server behave as s3s-fs 0.14 does: it ignores conditional
+    /// headers (If-Match, If-None-Match, If-Unmodified-Since) and lists
+    /// objects without ETags.
+    pub fn like_s3s_fs(&self) {
+        self.call("/__mode?like_s3s_fs=1");
+    }
+
     /// Creates `bucket` if needed and uploads each (key, file).
     pub fn put(&self, bucket: &str, objects: &[(String, &Path)]) {
         let mut cmd = Command::new(venv_python());
