@@ -98,6 +98,33 @@ fn fixture(bucket: &str, extra: &[&str]) -> Fixture {
     }
 }
 
+/// A mount of bucket `url` (with [`mount_args`] and `extra`), whose store
+/// `fill` writes and uploads.
+fn mount_bucket(
+    server: &S3Server,
+    cache: &Path,
+    url: &str,
+    extra: &[&str],
+    fill: impl FnOnce(&Path),
+) -> Mount {
+    let args = mount_args(server, cache, extra);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    Mount::of_store_arg(fill, url, &args)
+}
+
+/// 4 KiB at `off` of `path`, read with O_DIRECT (no kernel read-ahead: the
+/// daemon sees this read only).
+fn read_direct(path: &Path, off: u64) -> Vec<u8> {
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap();
+    let mut a = Aligned::new(4096);
+    d.read_exact_at(a.as_mut(), off).unwrap();
+    a.as_mut().to_vec()
+}
+
 fn read_all_identical(f: &Fixture) {
     for (name, orig) in &f.pairs {
         let got = std::fs::read(f.m.path(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -478,14 +505,7 @@ fn a_small_read_of_a_large_tensor_fetches_about_one_block() {
     server.reset();
     // 4 KiB in the middle of the tensor (O_DIRECT: no kernel read-ahead).
     let off = (data_start + (27 << 19)).next_multiple_of(4096);
-    let d = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(m.path("w.safetensors"))
-        .unwrap();
-    let mut a = Aligned::new(4096);
-    d.read_exact_at(a.as_mut(), off).unwrap();
-    assert!(a.as_mut()[..] == orig[off as usize..off as usize + 4096]);
+    assert!(read_direct(&m.path("w.safetensors"), off) == orig[off as usize..off as usize + 4096]);
     let (gets, bytes) = server.gets();
     eprintln!("4 KiB of a 32 MiB tensor: {gets} GETs, {bytes} of {stored} stored bytes");
     // One compressed block is about 0.7 MiB; the header, index, checksum
@@ -498,8 +518,9 @@ fn a_small_read_of_a_large_tensor_fetches_about_one_block() {
     // read-ahead): about one more block, and still exact.
     server.reset();
     let next = off + (3 << 20);
-    d.read_exact_at(a.as_mut(), next).unwrap();
-    assert!(a.as_mut()[..] == orig[next as usize..next as usize + 4096]);
+    assert!(
+        read_direct(&m.path("w.safetensors"), next) == orig[next as usize..next as usize + 4096]
+    );
     let (gets2, bytes2) = server.gets();
     assert!(
         bytes2 < 1 << 20,
@@ -537,33 +558,22 @@ fn a_large_plain_object_is_fetched_by_ranges_as_it_is_read() {
     let size = (40 << 20) + 12345;
     let big: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
     let small = b"a small plain file\n".to_vec();
-    let args = mount_args(
+    let m = mount_bucket(
         &server,
         &dir.path().join("cache"),
+        "s3://plain/p",
         &["--request-timeout", "60"],
-    );
-    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    let m = Mount::of_store_arg(
         |store| {
             std::fs::write(store.join("weights.bin"), &big).unwrap();
             std::fs::write(store.join("notes.txt"), &small).unwrap();
             server.put_tree("plain", "p", store);
         },
-        "s3://plain/p",
-        &args,
     );
     server.reset();
     assert_eq!(std::fs::read(m.path("notes.txt")).unwrap(), small);
     // 4 KiB in the middle (O_DIRECT: no kernel read-ahead).
     let off = 20 << 20;
-    let d = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(m.path("weights.bin"))
-        .unwrap();
-    let mut a = Aligned::new(4096);
-    d.read_exact_at(a.as_mut(), off).unwrap();
-    assert!(a.as_mut()[..] == big[off as usize..off as usize + 4096]);
+    assert!(read_direct(&m.path("weights.bin"), off) == big[off as usize..off as usize + 4096]);
     let (gets, bytes) = server.gets();
     eprintln!("a small file and 4 KiB of a {size}-byte plain object: {gets} GETs, {bytes} bytes");
     assert!(
@@ -601,20 +611,16 @@ fn without_listed_etags_or_conditions_versions_are_still_never_mixed() {
     let size = 12 << 20;
     let v1: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
     let v2: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
-    let args = mount_args(
+    server.like_s3s_fs();
+    let m = mount_bucket(
         &server,
         &dir.path().join("cache"),
+        "s3://noetag/p",
         &["--request-timeout", "60", "--metadata-ttl", "0.5"],
-    );
-    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    server.like_s3s_fs();
-    let m = Mount::of_store_arg(
         |store| {
             std::fs::write(store.join("w.bin"), &v1).unwrap();
             server.put_tree("noetag", "p", store);
         },
-        "s3://noetag/p",
-        &args,
     );
     // The old handle reads (and so caches) its first 8 MiB piece only.
     let old = std::fs::OpenOptions::new()
@@ -748,13 +754,11 @@ fn a_blz_in_a_bucket_is_fetched_block_by_block() {
     );
     let config = b"{\"model_type\": \"llama\"}\n".to_vec();
     let data_start = 8 + u64::from_le_bytes(shard[..8].try_into().unwrap());
-    let args = mount_args(
+    let m = mount_bucket(
         &server,
         &dir.path().join("cache"),
+        "s3://blzs/m",
         &["--request-timeout", "60"],
-    );
-    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    let m = Mount::of_store_arg(
         |store| {
             let src = tempfile::tempdir().unwrap();
             std::fs::write(src.path().join("model.safetensors"), &shard).unwrap();
@@ -769,8 +773,6 @@ fn a_blz_in_a_bucket_is_fetched_block_by_block() {
             assert!(out.status.success(), "{out:?}");
             server.put_tree("blzs", "m", store);
         },
-        "s3://blzs/m",
-        &args,
     );
     let stored = std::fs::metadata(m.store.join("model.blz")).unwrap().len();
     server.reset();
@@ -784,14 +786,10 @@ fn a_blz_in_a_bucket_is_fetched_block_by_block() {
     assert_eq!(std::fs::read(m.path("model/config.json")).unwrap(), config);
     // 4 KiB in the middle of the large tensor (O_DIRECT: no read-ahead).
     let off = (data_start + (27 << 19)).next_multiple_of(4096);
-    let d = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(m.path("model/model.safetensors"))
-        .unwrap();
-    let mut a = Aligned::new(4096);
-    d.read_exact_at(a.as_mut(), off).unwrap();
-    assert!(a.as_mut()[..] == shard[off as usize..off as usize + 4096]);
+    assert!(
+        read_direct(&m.path("model/model.safetensors"), off)
+            == shard[off as usize..off as usize + 4096]
+    );
     let (gets, bytes) = server.gets();
     eprintln!("listing, config and 4 KiB of a 32 MiB tensor in a .blz: {gets} GETs, {bytes} of {stored} stored bytes");
     assert!(

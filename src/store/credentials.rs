@@ -13,7 +13,9 @@
 use super::aws_config::Resolved;
 use chrono::{DateTime, Utc};
 use object_store::aws::{AwsCredential, AwsCredentialProvider};
-use object_store::client::{ClientOptions, HttpClient, HttpConnector, ReqwestConnector};
+use object_store::client::{
+    ClientOptions, HttpClient, HttpConnector, HttpRequest, ReqwestConnector,
+};
 use object_store::StaticCredentialProvider;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +87,33 @@ pub fn http_client() -> Result<HttpClient, String> {
                 .with_timeout(HTTP_TIMEOUT),
         )
         .map_err(|e| e.to_string())
+}
+
+/// The largest STS or SSO answer read.
+pub const MAX_ANSWER: usize = 1 << 20;
+
+/// Sends `req` with `http`: the answer's status and body (refused past
+/// [`MAX_ANSWER`] bytes).
+pub async fn send(http: &HttpClient, req: HttpRequest) -> Result<(u16, Vec<u8>), String> {
+    let answer = http.execute(req).await.map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let body = answer
+        .into_body()
+        .bytes()
+        .await
+        .map_err(|e| e.to_string())?;
+    if body.len() > MAX_ANSWER {
+        return Err(format!("an answer of {} bytes", body.len()));
+    }
+    Ok((status, body.to_vec()))
+}
+
+/// A credential failure as object_store reports errors.
+pub fn provider_error(e: String) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: e.into(),
+    }
 }
 
 /// An environment variable, unless unset or empty.

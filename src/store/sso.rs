@@ -14,7 +14,7 @@
 //! `https://portal.sso.REGION.amazonaws.com`.
 
 use super::aws_config::Sso;
-use super::credentials::{credential, env, http_client, Kept};
+use super::credentials::{credential, env, http_client, provider_error, send, Kept};
 use chrono::{DateTime, Utc};
 use object_store::aws::AwsCredential;
 use object_store::client::HttpClient;
@@ -25,7 +25,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The largest token file or portal answer read.
+/// The largest token file read.
 const MAX_READ: u64 = 1 << 20;
 
 pub struct SsoCredentials {
@@ -172,12 +172,7 @@ impl SsoCredentials {
             .header("x-amz-sso_bearer_token", token)
             .body(Vec::new().into())
             .map_err(|e| self.at(e))?;
-        let answer = self.http.execute(req).await.map_err(|e| self.at(e))?;
-        let status = answer.status().as_u16();
-        let body = answer.into_body().bytes().await.map_err(|e| self.at(e))?;
-        if body.len() as u64 > MAX_READ {
-            return Err(self.at(format!("an answer of {} bytes", body.len())));
-        }
+        let (status, body) = send(&self.http, req).await.map_err(|e| self.at(e))?;
         parse_answer(status, &body).map_err(|e| self.at(e))
     }
 }
@@ -187,13 +182,7 @@ impl CredentialProvider for SsoCredentials {
     type Credential = AwsCredential;
 
     async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
-        self.kept
-            .get(self.fetch())
-            .await
-            .map_err(|e| object_store::Error::Generic {
-                store: "S3",
-                source: e.into(),
-            })
+        self.kept.get(self.fetch()).await.map_err(provider_error)
     }
 }
 

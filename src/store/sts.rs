@@ -9,16 +9,13 @@
 //! one line naming the profile, the role and STS's own code and message.
 
 use super::aws_config::Role;
-use super::credentials::{credential, env, http_client, Kept};
+use super::credentials::{credential, env, http_client, provider_error, send, Kept};
 use chrono::{DateTime, Utc};
 use object_store::aws::{AwsAuthorizer, AwsCredential, AwsCredentialProvider};
 use object_store::client::HttpClient;
 use object_store::CredentialProvider;
 use serde::Deserialize;
 use std::sync::Arc;
-
-/// The largest STS answer read.
-const MAX_ANSWER: usize = 64 << 10;
 
 /// A role assumed with another provider's credentials.
 pub struct RoleCredentials {
@@ -168,12 +165,7 @@ impl RoleCredentials {
             .body(form(&self.role, &self.profile).into())
             .map_err(|e| self.at(e))?;
         AwsAuthorizer::new(&source, "sts", &self.region).authorize(&mut req, None);
-        let answer = self.http.execute(req).await.map_err(|e| self.at(e))?;
-        let status = answer.status().as_u16();
-        let body = answer.into_body().bytes().await.map_err(|e| self.at(e))?;
-        if body.len() > MAX_ANSWER {
-            return Err(self.at(format!("an answer of {} bytes", body.len())));
-        }
+        let (status, body) = send(&self.http, req).await.map_err(|e| self.at(e))?;
         parse_answer(status, &body).map_err(|e| self.at(e))
     }
 }
@@ -183,13 +175,7 @@ impl CredentialProvider for RoleCredentials {
     type Credential = AwsCredential;
 
     async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
-        self.kept
-            .get(self.assume())
-            .await
-            .map_err(|e| object_store::Error::Generic {
-                store: "S3",
-                source: e.into(),
-            })
+        self.kept.get(self.assume()).await.map_err(provider_error)
     }
 }
 
