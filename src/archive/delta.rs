@@ -530,14 +530,19 @@ impl DeltaArchive {
     pub fn check_base(&self) -> Result<()> {
         let r = self.base_ok.get_or_init(|| {
             self.base_check_started.store(true, Ordering::Release);
-            if self.trailer.base_fingerprint != 0
-                && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
-            {
+            if self.fingerprint_matches() {
                 return Ok(());
             }
             self.full_base_check().map_err(|e| e.reason())
         });
         r.clone().map_err(|what| self.integrity(what))
+    }
+
+    /// True when the base's archive fingerprint is the one recorded: the
+    /// base is the one packed against, known without reading it.
+    fn fingerprint_matches(&self) -> bool {
+        self.trailer.base_fingerprint != 0
+            && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
     }
 
     /// [`Self::check_base`] for a block decoder: its result once known;
@@ -736,8 +741,13 @@ impl ArchiveView for DeltaArchive {
         }
         Ok(())
     }
+    /// Only a check that reads the whole base is long: one that the
+    /// fingerprint settles is not (a wider prefetch would then only move
+    /// bytes the read does not need, over the network for a remote copy).
     fn check_pending(&self) -> bool {
-        self.base_ok.get().is_none() && self.units.iter().any(|u| u.kind != DeltaKind::Full)
+        self.base_ok.get().is_none()
+            && self.units.iter().any(|u| u.kind != DeltaKind::Full)
+            && !self.fingerprint_matches()
     }
     fn verify_structure(&self) -> Result<()> {
         // The full content digest, whatever the fingerprint says, and what
