@@ -304,7 +304,8 @@ pub(super) fn fetch_metadata(b: &Backing) -> io::Result<()> {
     let first: Vec<Range<u64>> = trailer.units.iter().map(|u| head(u, page)).collect();
     b.ensure_all(&first)?;
     let name_len = |at: u64| {
-        let s = b.bytes().get(at as usize..at as usize + 2)?;
+        let at = at.min(len) as usize;
+        let s = b.bytes().get(at..at.checked_add(2)?)?;
         Some(u16::from_le_bytes(s.try_into().ok()?) as u64)
     };
     let rest: Vec<Range<u64>> = trailer
