@@ -23,12 +23,24 @@
 //! disk while it is hashed). The result is kept: a damaged tensor fails
 //! every read of its own bytes and nothing else. The data-section SHA-256
 //! is checked by `verify` only.
+//!
+//! Over a remote object's local copy (`Backing::Remote`), opening has
+//! fetched the prelude and the header only (`super::remote_metadata`), so
+//! listing the directory and reading `config.json`, `tokenizer.json` or a
+//! sidecar moves no tensor bytes. A tensor is fetched whole when any block
+//! of it is first read (its xxh3 covers it whole), and pinned in the disk
+//! cache while it is hashed and while a block of it is copied out; a
+//! tensor that fails its xxh3 is fetched again once before the failure is
+//! kept, and one whose bytes had to be fetched again (evicted since) is
+//! hashed again. A failed fetch is an I/O error, not kept.
 
-use super::frame_block::{block_index, shared_grid, GridCell};
+use super::frame_block::{block_index, io_error, shared_grid, GridCell};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blazex::{self, Header, Parsed, TensorEntry};
 use crate::format::digest::xxh3_64;
+use crate::store::remote::Pin;
 use base64::Engine as _;
+use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};
 use std::fs::File;
 use std::ops::Range;
@@ -56,8 +68,10 @@ struct Presented {
 
 struct Unit {
     grid: GridCell,
-    /// The tensor's xxh3 check, done once on first use.
-    checked: OnceLock<std::result::Result<(), String>>,
+    /// The tensor's xxh3 check, done on first use (and again after a
+    /// remote copy's bytes were fetched anew); held while it runs, so one
+    /// thread hashes and the others wait for its result.
+    checked: Mutex<Option<std::result::Result<(), String>>>,
 }
 
 pub struct BlazexArchive {
@@ -149,7 +163,7 @@ impl BlazexArchive {
             .iter()
             .map(|_| Unit {
                 grid: OnceLock::new(),
-                checked: OnceLock::new(),
+                checked: Mutex::new(None),
             })
             .collect();
         Ok(BlazexArchive {
@@ -177,12 +191,18 @@ impl BlazexArchive {
         self.parsed.data_start
     }
 
+    /// Where tensor `t`'s stored bytes are in the file.
+    fn tensor_range(&self, t: usize) -> Range<u64> {
+        let te = &self.tensors()[t];
+        let s = self.parsed.data_start + te.data_offset;
+        s..s + te.data_len
+    }
+
     /// The stored bytes of tensor `t`, not checked (see
     /// [`Self::tensor_bytes`]).
     pub fn raw_tensor(&self, t: usize) -> &[u8] {
-        let te = &self.tensors()[t];
-        let s = (self.parsed.data_start + te.data_offset) as usize;
-        &self.map.bytes()[s..s + te.data_len as usize]
+        let r = self.tensor_range(t);
+        &self.map.bytes()[r.start as usize..r.end as usize]
     }
 
     /// The bytes of tensor `t`, checked against its xxh3.
@@ -191,27 +211,62 @@ impl BlazexArchive {
         Ok(self.raw_tensor(t))
     }
 
-    /// Checks tensor `unit` against its xxh3, once.
-    fn check_tensor(&self, unit: u32) -> Result<()> {
+    /// Checks tensor `unit` against its xxh3 (once, unless a remote copy
+    /// had to fetch its bytes again since). Over a remote copy the whole
+    /// tensor is fetched first, and stays pinned in the disk cache while
+    /// the returned pin lives; a tensor that fails its check is fetched
+    /// again once before the failure is kept.
+    fn check_tensor(&self, unit: u32) -> Result<Option<Pin<'_>>> {
         let Some(u) = self.units.get(unit as usize) else {
             return Err(self.integrity(format!("no tensor {unit}")));
         };
-        let r = u.checked.get_or_init(|| {
-            let bytes = self.raw_tensor(unit as usize);
-            // Only a hint: the hash below reads the pages either way.
-            self.will_need(unit);
-            if xxh3_64(bytes) == self.tensors()[unit as usize].xxh3 {
-                Ok(())
-            } else {
-                log::error!(
-                    "{}: tensor {:?}: checksum mismatch (xxh3)",
-                    self.path.display(),
-                    self.tensors()[unit as usize].name
-                );
-                Err("checksum mismatch (xxh3)".to_string())
+        let range = [self.tensor_range(unit as usize)];
+        let mut checked = u.checked.lock();
+        let present = self.map.has_all(&range);
+        let pin = self.map.pin_all(&range).map_err(|e| io_error(self, e))?;
+        match &*checked {
+            Some(r) if present || r.is_err() => {
+                return r
+                    .clone()
+                    .map(|()| pin)
+                    .map_err(|what| self.unit_integrity(unit, what))
             }
-        });
-        r.clone().map_err(|what| self.unit_integrity(unit, what))
+            _ => {}
+        }
+        // Only a hint: the hash below reads the pages either way.
+        self.will_need(unit);
+        let mut ok = self.hash_matches(unit);
+        if !ok && self.map.is_remote() {
+            // The cached copy may be damaged: once more from the server.
+            if !self.map.refetch(&range) {
+                return Err(io_error(
+                    self,
+                    std::io::Error::other(format!(
+                        "tensor {:?} failed its xxh3 and could not be fetched again",
+                        self.unit_name(unit)
+                    )),
+                ));
+            }
+            ok = self.hash_matches(unit);
+        }
+        let r = if ok {
+            Ok(())
+        } else {
+            log::error!(
+                "{}: tensor {:?}: checksum mismatch (xxh3)",
+                self.path.display(),
+                self.unit_name(unit)
+            );
+            Err("checksum mismatch (xxh3)".to_string())
+        };
+        *checked = Some(r.clone());
+        r.map(|()| pin)
+            .map_err(|what| self.unit_integrity(unit, what))
+    }
+
+    /// True when tensor `unit`'s stored bytes match its xxh3.
+    fn hash_matches(&self, unit: u32) -> bool {
+        xxh3_64(self.raw_tensor(unit as usize)) == self.tensors()[unit as usize].xxh3
     }
 
     fn build_prefix(&self, file: usize) -> std::result::Result<Vec<u8>, String> {
@@ -229,7 +284,11 @@ impl BlazexArchive {
     /// Checks the SHA-256 of DATA up to the end of the last listed tensor.
     pub fn verify_data_sha256(&self) -> Result<()> {
         let end = self.header().digest_end();
-        let s = self.parsed.data_start as usize;
+        let start = self.parsed.data_start;
+        self.map
+            .ensure(start..start + end)
+            .map_err(|e| io_error(self, e))?;
+        let s = start as usize;
         let mut h = Sha256::new();
         for c in self.map.bytes()[s..s + end as usize].chunks(16 << 20) {
             h.update(c);
@@ -313,16 +372,16 @@ impl ArchiveView for BlazexArchive {
     }
 
     fn will_need(&self, unit: u32) {
-        if let Some(te) = self.tensors().get(unit as usize) {
-            let s = self.parsed.data_start + te.data_offset;
-            self.map.will_need(s..s + te.data_len);
+        if (unit as usize) < self.units.len() {
+            self.map.will_need(self.tensor_range(unit as usize));
         }
     }
 
     /// A copy of one block of a tensor, after the whole tensor checked
-    /// against its xxh3 (once).
+    /// against its xxh3 (once; over a remote copy, the tensor stays pinned
+    /// in the disk cache until the block is copied).
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
-        self.check_tensor(key.unit)?;
+        let _pin = self.check_tensor(key.unit)?;
         let grid = self.grid(key.unit)?;
         let b = block_index(self, key, &grid)?;
         let span = grid.span(b);
@@ -341,7 +400,7 @@ impl ArchiveView for BlazexArchive {
         }
         segs[lo..hi]
             .par_iter()
-            .try_for_each(|s| self.check_tensor(s.unit))
+            .try_for_each(|s| self.check_tensor(s.unit).map(drop))
     }
 
     fn verify_structure(&self) -> Result<()> {

@@ -19,8 +19,8 @@
 //! file's own digest before it is served (see `trusted`).
 
 use super::frame_block::{
-    block_file_ranges, block_index, damaged_payload, decode_refetching_once, decode_unit_block,
-    fetch_frame_structure, frame_grid, shared_grid, GridCell, GridError,
+    block_index, damaged_payload, decode_refetching_once, decode_remote_frame_block,
+    decode_unit_block, frame_grid, frame_unit_grid, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
@@ -549,28 +549,16 @@ impl ArchiveView for BlzArchive {
         &self.units[unit as usize].name
     }
 
-    /// The block grid of a blob (built and checked once, then shared).
+    /// The block grid of a blob (built and checked once, then shared;
+    /// over a remote copy, a frame's structure is fetched first).
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
         let cell = self.units.get(unit as usize).map(|u| &u.grid);
-        let frame = cell.is_some_and(|c| c.get().is_none())
-            && self.map.is_remote()
-            && self.blob(unit).encoding == Encoding::Z4aiFrame;
-        if frame {
-            // A remote copy: fetch the frame's structure first; a cached
-            // copy that fails its checks is fetched again once before the
-            // failure is kept.
-            let (fetched, _pin) = fetch_frame_structure(
-                &self.map,
-                &self.blob_range(unit),
-                self.blob(unit).decoded_length,
-            )
-            .map_err(|e| self.io(e))?;
-            return shared_grid(self, unit, cell, || match self.build_grid(unit) {
-                Err(_) if self.map.refetch(&fetched) => self.build_grid(unit),
-                r => r,
-            });
-        }
-        shared_grid(self, unit, cell, || self.build_grid(unit))
+        let frame = cell
+            .is_some()
+            .then(|| self.blob(unit))
+            .filter(|b| b.encoding == Encoding::Z4aiFrame)
+            .map(|b| (self.blob_range(unit), b.decoded_length));
+        frame_unit_grid(self, &self.map, unit, cell, frame, || self.build_grid(unit))
     }
 
     fn will_need(&self, unit: u32) {
@@ -593,21 +581,25 @@ impl ArchiveView for BlzArchive {
         let grid = self.grid(key.unit)?;
         let b = block_index(self, key, &grid)?;
         let frame = self.blob_range(key.unit);
-        let bytes = self.blob_bytes(key.unit);
         let blob = self.blob(key.unit);
-        let payload = match blob.encoding {
+        let decode = || self.decode_block_once(key);
+        match blob.encoding {
+            Encoding::Z4aiFrame => decode_remote_frame_block(
+                self,
+                &self.map,
+                &frame,
+                blob.decoded_length,
+                &grid,
+                b,
+                decode,
+            ),
             Encoding::Raw => {
                 let span = grid.span(b);
-                vec![frame.start + span.start..frame.start + span.end]
+                let payload = vec![frame.start + span.start..frame.start + span.end];
+                let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
+                decode_refetching_once(&self.map, &frame, None, payload, decode)
             }
-            Encoding::Z4aiFrame => block_file_ranges(&frame, bytes, &grid, b),
-        };
-        let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
-        let structure =
-            (blob.encoding == Encoding::Z4aiFrame).then_some((bytes, blob.decoded_length));
-        decode_refetching_once(&self.map, &frame, structure, payload, || {
-            self.decode_block_once(key)
-        })
+        }
     }
 
     fn check_range(&self, file: usize, range: Range<u64>) -> Result<()> {

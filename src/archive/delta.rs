@@ -34,7 +34,8 @@
 //! the mount decodes blocks ahead while the first read checks the base.
 
 use super::frame_block::{
-    damaged_payload, decode_unit_block, frame_grid, shared_grid, GridCell, GridError,
+    damaged_payload, decode_remote_frame_block, decode_unit_block, frame_grid, frame_unit_grid,
+    io_error, GridCell, GridError,
 };
 use super::{
     ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, PieceSource, Result, Segment,
@@ -44,7 +45,7 @@ use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN
 use crate::format::safetensors::{header_len, Header, TensorEntry};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -255,21 +256,72 @@ pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Re
         path: from.parent().unwrap_or(Path::new("")).join(rel),
         source,
     })?;
-    let io = |source| ArchiveError::Io {
-        path: path.clone(),
-        source,
-    };
-    let mut head = [0u8; 8];
-    let n = (&file).read(&mut head).map_err(io)?;
-    let backing = Backing::map(&file).map_err(io)?;
-    if Kind::detect(&head[..n]).is_some() || super::unsupported_kind(&head[..n]).is_some() {
-        let a = super::from_backing_in(backing, &head[..n], &path, fs, depth_left)?;
+    // A base in a bucket is a remote copy like the delta: opened the same
+    // way (its metadata fetched first; a plain file is fetched whole).
+    let (backing, head) = super::map_with_head(&file, &path)?;
+    if Kind::detect(&head).is_some() || super::unsupported_kind(&head).is_some() {
+        let a = super::from_backing_in(backing, &head, &path, fs, depth_left)?;
         if a.files() != 1 || !a.file_path(0).is_empty() {
             return Err(a.integrity("a model-directory archive cannot be a delta's base".into()));
         }
         return Ok(Base::Archive(a));
     }
     Ok(Base::Plain { path, map: backing })
+}
+
+/// The most a record's bytes before its frame take besides its name:
+/// name length, begin, end, kind, frame length and a DELTA's Z4DL header.
+const RECORD_HEAD_FIXED: u64 = 2 + 8 + 8 + 1 + 8 + delta::Z4DL_HEADER as u64;
+
+/// Over a remote copy: fetches what [`DeltaArchive::from_backing`] reads
+/// (`super::remote_metadata`): the CKD1 trailer, the Z4DM head (header
+/// JSON, lengths, digest) and each record's bytes before its frame, where
+/// the trailer says the records are (all together: about one request per
+/// run of records whose frames are small, and a second round only for
+/// names longer than a page). Frames are fetched when used. Offsets here
+/// only choose what to fetch (clamped to the object); a trailer that does
+/// not parse fetches nothing more (the open reports it).
+pub(super) fn fetch_metadata(b: &Backing) -> io::Result<()> {
+    let len = b.bytes().len() as u64;
+    let u64_at = |at: u64| -> Option<u64> {
+        let s = b.bytes().get(at as usize..at.checked_add(8)? as usize)?;
+        Some(u64::from_le_bytes(s.try_into().ok()?))
+    };
+    // The trailer ends with its own length and "CKD1"; the head starts
+    // with "Z4DM", a version byte and the header JSON's length.
+    b.ensure_all(&[0..13.min(len), len.saturating_sub(12)..len])?;
+    let trailer_len = u64_at(len.saturating_sub(12)).unwrap_or(0).min(len);
+    let head_end = u64_at(5).map_or(len, |h| h.saturating_add(13 + 8 + 8 + 4).min(len));
+    b.ensure_all(&[0..head_end, len - trailer_len..len])?;
+    let Ok(Some(trailer)) = Trailer::find(b.bytes()) else {
+        return Ok(());
+    };
+    let head = |u: &delta::UnitEntry, most: u64| {
+        let at = u.record_offset.min(len);
+        at..at.saturating_add(u.record_len.min(most)).min(len)
+    };
+    let page = crate::store::remote::ALIGN;
+    let first: Vec<Range<u64>> = trailer.units.iter().map(|u| head(u, page)).collect();
+    b.ensure_all(&first)?;
+    let name_len = |at: u64| {
+        let at = at.min(len) as usize;
+        let s = b.bytes().get(at..at.checked_add(2)?)?;
+        Some(u16::from_le_bytes(s.try_into().ok()?) as u64)
+    };
+    let rest: Vec<Range<u64>> = trailer
+        .units
+        .iter()
+        .filter_map(|u| {
+            let need = RECORD_HEAD_FIXED + name_len(u.record_offset)?;
+            (need > page).then(|| head(u, need))
+        })
+        .collect();
+    b.ensure_all(&rest)
+}
+
+/// File bytes `r` as a range of file offsets.
+fn file_range(r: &Range<usize>) -> Range<u64> {
+    r.start as u64..r.end as u64
 }
 
 struct Unit {
@@ -530,14 +582,19 @@ impl DeltaArchive {
     pub fn check_base(&self) -> Result<()> {
         let r = self.base_ok.get_or_init(|| {
             self.base_check_started.store(true, Ordering::Release);
-            if self.trailer.base_fingerprint != 0
-                && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
-            {
+            if self.fingerprint_matches() {
                 return Ok(());
             }
             self.full_base_check().map_err(|e| e.reason())
         });
         r.clone().map_err(|what| self.integrity(what))
+    }
+
+    /// True when the base's archive fingerprint is the one recorded: the
+    /// base is the one packed against, known without reading it.
+    fn fingerprint_matches(&self) -> bool {
+        self.trailer.base_fingerprint != 0
+            && self.base.fingerprint() == Some(self.trailer.base_fingerprint)
     }
 
     /// [`Self::check_base`] for a block decoder: its result once known;
@@ -573,6 +630,62 @@ impl DeltaArchive {
         self.units
             .get(unit as usize)
             .ok_or_else(|| self.integrity(format!("no unit {unit}")))
+    }
+
+    /// Decodes one block from the bytes at hand (fetched, for a remote
+    /// copy), checking it against the trailer's digest.
+    fn decode_block_once(&self, key: BlockKey) -> Result<Vec<u8>> {
+        let u = self.unit(key.unit)?;
+        let grid = self.grid(key.unit)?;
+        let b = super::frame_block::block_index(self, key, &grid)?;
+        let digests = &self.trailer.units[key.unit as usize].blocks[b];
+        let span = grid.span(b);
+        let frame = &self.bytes()[u.frame.clone()];
+        let decoded = || -> Result<Vec<u8>> {
+            Ok(match u.kind {
+                DeltaKind::Full => decode_unit_block(self, key, frame)?,
+                DeltaKind::Copy => {
+                    self.check_base_for_block()?;
+                    let mut out = crate::codec::zeroed(span.end - span.start, "a block")
+                        .map_err(|e| self.frame_error(key.unit, e))?;
+                    self.base.read_exact(u.base_offset + span.start, &mut out)?;
+                    out
+                }
+                DeltaKind::Delta => {
+                    let mut out = decode_unit_block(self, key, frame)?;
+                    if out.len() as u64 != span.end - span.start {
+                        return Err(self.unit_integrity(
+                            key.unit,
+                            format!("block {b} decodes to {} bytes", out.len()),
+                        ));
+                    }
+                    self.check_base_for_block()?;
+                    self.base.xor_into(u.base_offset + span.start, &mut out)?;
+                    out
+                }
+            })
+        };
+        let checked = |out: Vec<u8>| {
+            if xxh3_64(&out) != digests.data {
+                let why = if u.kind == DeltaKind::Full {
+                    String::new()
+                } else {
+                    format!(
+                        " (the delta or the base {} is damaged, or is not the base packed against)",
+                        self.base.path().display()
+                    )
+                };
+                return Err(self.unit_integrity(
+                    key.unit,
+                    format!("checksum mismatch in the decoded bytes of block {b}{why}"),
+                ));
+            }
+            Ok(out)
+        };
+        decoded().and_then(checked).map_err(|e| match u.kind {
+            DeltaKind::Copy => e,
+            _ => damaged_payload(self, key, frame, digests.payload).unwrap_or(e),
+        })
     }
 
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
@@ -664,62 +777,39 @@ impl ArchiveView for DeltaArchive {
     fn unit_label(&self, unit: u32) -> String {
         format!("tensor {:?}", self.unit_name(unit))
     }
+    /// The grid of a record (over a remote copy, a FULL or DELTA frame's
+    /// structure is fetched first).
     fn grid(&self, unit: u32) -> Result<Arc<Grid>> {
-        let cell = self.units.get(unit as usize).map(|u| &u.grid);
-        shared_grid(self, unit, cell, || self.build_grid(unit))
+        let u = self.units.get(unit as usize);
+        let frame = u
+            .filter(|u| u.kind != DeltaKind::Copy)
+            .map(|u| (file_range(&u.frame), u.len));
+        frame_unit_grid(self, &self.map, unit, u.map(|u| &u.grid), frame, || {
+            self.build_grid(unit)
+        })
     }
+    /// Decodes one block, checking it against the trailer's digest. Over a
+    /// remote copy, a FULL or DELTA block's stored bytes are fetched first
+    /// (pinned in the disk cache until it is decoded) and fetched again
+    /// once, with the frame's structure, when the block fails its checks;
+    /// the base's bytes come through the base archive, which fetches its
+    /// own.
     fn decode_block(&self, key: BlockKey) -> Result<Vec<u8>> {
         let u = self.unit(key.unit)?;
+        if !self.map.is_remote() || u.kind == DeltaKind::Copy {
+            return self.decode_block_once(key);
+        }
         let grid = self.grid(key.unit)?;
         let b = super::frame_block::block_index(self, key, &grid)?;
-        let digests = &self.trailer.units[key.unit as usize].blocks[b];
-        let span = grid.span(b);
-        let frame = &self.bytes()[u.frame.clone()];
-        let decoded = || -> Result<Vec<u8>> {
-            Ok(match u.kind {
-                DeltaKind::Full => decode_unit_block(self, key, frame)?,
-                DeltaKind::Copy => {
-                    self.check_base_for_block()?;
-                    let mut out = crate::codec::zeroed(span.end - span.start, "a block")
-                        .map_err(|e| self.frame_error(key.unit, e))?;
-                    self.base.read_exact(u.base_offset + span.start, &mut out)?;
-                    out
-                }
-                DeltaKind::Delta => {
-                    let mut out = decode_unit_block(self, key, frame)?;
-                    if out.len() as u64 != span.end - span.start {
-                        return Err(self.unit_integrity(
-                            key.unit,
-                            format!("block {b} decodes to {} bytes", out.len()),
-                        ));
-                    }
-                    self.check_base_for_block()?;
-                    self.base.xor_into(u.base_offset + span.start, &mut out)?;
-                    out
-                }
-            })
-        };
-        let checked = |out: Vec<u8>| {
-            if xxh3_64(&out) != digests.data {
-                let why = if u.kind == DeltaKind::Full {
-                    String::new()
-                } else {
-                    format!(
-                        " (the delta or the base {} is damaged, or is not the base packed against)",
-                        self.base.path().display()
-                    )
-                };
-                return Err(self.unit_integrity(
-                    key.unit,
-                    format!("checksum mismatch in the decoded bytes of block {b}{why}"),
-                ));
-            }
-            Ok(out)
-        };
-        decoded().and_then(checked).map_err(|e| match u.kind {
-            DeltaKind::Copy => e,
-            _ => damaged_payload(self, key, frame, digests.payload).unwrap_or(e),
-        })
+        decode_remote_frame_block(
+            self,
+            &self.map,
+            &file_range(&u.frame),
+            u.len,
+            &grid,
+            b,
+            || self.decode_block_once(key),
+        )
     }
     fn will_need(&self, unit: u32) {
         if let Some(u) = self.units.get(unit as usize) {
@@ -736,8 +826,13 @@ impl ArchiveView for DeltaArchive {
         }
         Ok(())
     }
+    /// Only a check that reads the whole base is long: one that the
+    /// fingerprint settles is not (a wider prefetch would then only move
+    /// bytes the read does not need, over the network for a remote copy).
     fn check_pending(&self) -> bool {
-        self.base_ok.get().is_none() && self.units.iter().any(|u| u.kind != DeltaKind::Full)
+        self.base_ok.get().is_none()
+            && self.units.iter().any(|u| u.kind != DeltaKind::Full)
+            && !self.fingerprint_matches()
     }
     fn verify_structure(&self) -> Result<()> {
         // The full content digest, whatever the fingerprint says, and what
@@ -792,6 +887,9 @@ impl ArchiveView for DeltaArchive {
     }
     fn verify_unit(&self, unit: u32, _digest: u64) -> Result<()> {
         let u = self.unit(unit)?;
+        self.map
+            .ensure(file_range(&u.frame))
+            .map_err(|e| io_error(self, e))?;
         if u.kind != DeltaKind::Copy
             && xxh3_64(&self.bytes()[u.frame.clone()])
                 != self.trailer.units[unit as usize].frame_digest

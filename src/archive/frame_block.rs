@@ -1,7 +1,8 @@
 //! Blocks of a ckptfs frame: the [`Grid`] that cuts a frame's decoded bytes
 //! into independently decodable blocks, the decoding of one block, and
 //! which side is damaged when a block fails its checksum. Shared by every kind of archive
-//! whose units are frames (`.zstn` units, `.blz` blobs).
+//! whose units are frames (`.zstn` units, `.blz` blobs, a delta's FULL and
+//! DELTA records).
 //!
 //! A frame whose planes are all block-structured (what ckptfs writes) has
 //! sub-tensor blocks of whole elements; any other frame (most z4ai frames)
@@ -11,9 +12,11 @@
 //! in two steps: its structure when its grid is first built
 //! ([`fetch_frame_structure`]), then each block's payload when the block
 //! is decoded ([`block_file_ranges`]), so a small read moves about one
-//! compressed block.
+//! compressed block. A copy that fails a check is fetched again once
+//! before the failure stands ([`shared_grid_refetching_once`],
+//! [`decode_remote_frame_block`]).
 
-use super::{ArchiveView, Backing, BlockKey, Result};
+use super::{ArchiveError, ArchiveView, Backing, BlockKey, Result};
 use crate::codec::frame::RansTables;
 use crate::codec::CodecError;
 use crate::format::ckx;
@@ -192,7 +195,6 @@ pub(crate) fn decode_refetching_once(
     payload: Vec<Range<u64>>,
     decode: impl Fn() -> Result<Vec<u8>>,
 ) -> Result<Vec<u8>> {
-    use super::ArchiveError;
     match decode() {
         Err(e @ (ArchiveError::Integrity { .. } | ArchiveError::Frame { .. })) => {
             let mut again = payload;
@@ -209,6 +211,77 @@ pub(crate) fn decode_refetching_once(
             }
         }
         r => r,
+    }
+}
+
+/// The grid of a unit of a remote copy whose structure was fetched (the
+/// file ranges `fetched`, see [`fetch_frame_structure`]), built by `build`
+/// on first use and shared after: a cached copy that fails its checks is
+/// fetched again once before the failure is kept.
+pub(crate) fn shared_grid_refetching_once<A: ArchiveView + ?Sized>(
+    a: &A,
+    map: &Backing,
+    unit: u32,
+    cell: Option<&GridCell>,
+    fetched: &[Range<u64>],
+    build: impl Fn() -> std::result::Result<Arc<Grid>, GridError>,
+) -> Result<Arc<Grid>> {
+    shared_grid(a, unit, cell, || match build() {
+        Err(_) if map.refetch(fetched) => build(),
+        r => r,
+    })
+}
+
+/// The grid of unit `unit`, built by `build` on first use and shared
+/// after. `frame`: where the unit's frame is in the file and its decoded
+/// length, when the unit is a frame; over a remote copy its structure is
+/// fetched first ([`fetch_frame_structure`], [`shared_grid_refetching_once`]).
+pub(crate) fn frame_unit_grid<A: ArchiveView + ?Sized>(
+    a: &A,
+    map: &Backing,
+    unit: u32,
+    cell: Option<&GridCell>,
+    frame: Option<(Range<u64>, u64)>,
+    build: impl Fn() -> std::result::Result<Arc<Grid>, GridError>,
+) -> Result<Arc<Grid>> {
+    match frame {
+        Some((frame, decoded_len))
+            if map.is_remote() && cell.is_some_and(|c| c.get().is_none()) =>
+        {
+            let (fetched, _pin) =
+                fetch_frame_structure(map, &frame, decoded_len).map_err(|e| io_error(a, e))?;
+            shared_grid_refetching_once(a, map, unit, cell, &fetched, build)
+        }
+        _ => shared_grid(a, unit, cell, build),
+    }
+}
+
+/// Decodes block `b` (of `grid`) of the frame at file bytes `frame` of a
+/// remote copy, with `decode` (which reads the mapped bytes and checks
+/// them): the block's payload is fetched first and pinned in the disk
+/// cache until it is decoded; a block that fails its checks is fetched
+/// again once, with the frame's structure ([`decode_refetching_once`]).
+/// `decoded_len` is the frame's decoded length.
+pub(crate) fn decode_remote_frame_block<A: ArchiveView + ?Sized>(
+    a: &A,
+    map: &Backing,
+    frame: &Range<u64>,
+    decoded_len: u64,
+    grid: &Grid,
+    b: usize,
+    decode: impl Fn() -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
+    let bytes = &map.bytes()[frame.start as usize..frame.end as usize];
+    let payload = block_file_ranges(frame, bytes, grid, b);
+    let _pin = map.pin_all(&payload).map_err(|e| io_error(a, e))?;
+    decode_refetching_once(map, frame, Some((bytes, decoded_len)), payload, decode)
+}
+
+/// An I/O error reading archive `a` (a fetch that failed).
+pub(crate) fn io_error<A: ArchiveView + ?Sized>(a: &A, source: std::io::Error) -> ArchiveError {
+    ArchiveError::Io {
+        path: a.path().to_path_buf(),
+        source,
     }
 }
 

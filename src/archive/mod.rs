@@ -372,6 +372,15 @@ pub fn from_file_with(
     path: &Path,
     fs: &dyn BaseFs,
 ) -> Result<Arc<dyn ArchiveView>> {
+    let (backing, head) = map_with_head(file, path)?;
+    from_backing_in(backing, &head, path, fs, crate::format::delta::MAX_CHAIN)
+}
+
+/// Maps an open file and reads its first bytes (up to 8: what
+/// [`Kind::detect`] looks at). Over a remote copy, what opening the
+/// archive reads is fetched first ([`remote_metadata`]): the file's own
+/// bytes are not there until fetched.
+fn map_with_head(file: &std::fs::File, path: &Path) -> Result<(Backing, Vec<u8>)> {
     let io = |source| ArchiveError::Io {
         path: path.to_path_buf(),
         source,
@@ -381,17 +390,11 @@ pub fn from_file_with(
         remote_metadata(&backing).map_err(io)?;
         let bytes = backing.bytes();
         let head = bytes[..bytes.len().min(8)].to_vec();
-        return from_backing_in(backing, &head, path, fs, crate::format::delta::MAX_CHAIN);
+        return Ok((backing, head));
     }
     let mut head = [0u8; 8];
     let n = (&*file).read(&mut head).map_err(io)?;
-    from_backing_in(
-        backing,
-        &head[..n],
-        path,
-        fs,
-        crate::format::delta::MAX_CHAIN,
-    )
+    Ok((backing, head[..n].to_vec()))
 }
 
 /// Bytes of the head and of the tail of a remote archive fetched first
@@ -400,10 +403,12 @@ const OPEN_GUESS: u64 = 64 << 10;
 
 /// Fetches what opening a remote archive reads: for a ZSTN container with
 /// an index, its head (up to the first frame), its index and footer and
-/// its CKX1 block (frames are fetched when first used); for ckptfs's
-/// `.blz`, its prelude and header (blobs are fetched when first used); for
-/// any other kind, the whole object. Offsets read here are only used to choose what
-/// to fetch (clamped to the object); the parser checks them as usual.
+/// its CKX1 block (frames are fetched when first used); for a `.blz`
+/// (ckptfs's or BLAZE-X's), its prelude and header (blobs and tensors are
+/// fetched when first used); for a delta, its head, record heads and
+/// trailer ([`delta::fetch_metadata`]); for any other kind, the whole
+/// object. Offsets read here are only used to choose what to fetch
+/// (clamped to the object); the parser checks them as usual.
 fn remote_metadata(b: &Backing) -> std::io::Result<()> {
     let len = b.bytes().len() as u64;
     let u64_at = |at: u64| -> Option<u64> {
@@ -420,11 +425,19 @@ fn remote_metadata(b: &Backing) -> std::io::Result<()> {
     b.ensure_all(&[0..guess, len - guess..len])?;
     b.ensure(0..22)?;
     let bytes = b.bytes();
-    if Kind::detect(bytes) == Some(Kind::Blz) {
-        // The prelude and the header JSON; blobs are fetched when used.
-        let prelude = crate::format::blz::PRELUDE_LEN;
+    let prelude = match Kind::detect(bytes) {
+        Some(Kind::Blz) => Some(crate::format::blz::PRELUDE_LEN),
+        Some(Kind::Blazex) => Some(crate::format::blazex::PRELUDE_LEN),
+        _ => None,
+    };
+    if let Some(prelude) = prelude {
+        // Either .blz: the prelude (its header length at 12) and the
+        // header JSON; blobs and tensors are fetched when used.
         let header_end = u64_at(12).map_or(len, |h| h.saturating_add(prelude).min(len));
         return b.ensure(0..header_end);
+    }
+    if Kind::detect(bytes) == Some(Kind::Delta) {
+        return delta::fetch_metadata(b);
     }
     let indexed = Kind::detect(bytes) == Some(Kind::Zstn) && bytes.get(5) == Some(&1);
     let footer = crate::format::zstn::FOOTER_LEN;

@@ -24,8 +24,8 @@
 
 use super::frame_block::{
     block_file_ranges, block_index, block_ranges, damaged_payload, decode_refetching_once,
-    decode_unit_block, fetch_frame_structure, frame_grid, in_file, shared_grid, GridCell,
-    GridError,
+    decode_unit_block, fetch_frame_structure, frame_grid, in_file, shared_grid,
+    shared_grid_refetching_once, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::codec::CodecError;
@@ -564,9 +564,8 @@ impl ArchiveView for ZstnArchive {
             let (fetched, _pin) = self.fetch_structure(unit)?;
             // A cached copy that fails its checks is fetched again once
             // before the failure is kept.
-            return shared_grid(self, unit, cell, || match self.build_grid(unit) {
-                Err(_) if self.map.refetch(&fetched) => self.build_grid(unit),
-                r => r,
+            return shared_grid_refetching_once(self, &self.map, unit, cell, &fetched, || {
+                self.build_grid(unit)
             });
         }
         shared_grid(self, unit, cell, || self.build_grid(unit))

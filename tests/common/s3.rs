@@ -109,6 +109,20 @@ impl S3Server {
         )
     }
 
+    /// Bytes object GETs returned since the last reset, by object
+    /// (`/BUCKET/KEY`).
+    pub fn get_bytes_by_key(&self) -> Vec<(String, u64)> {
+        let v: serde_json::Value = serde_json::from_str(&self.call("/__stats")).unwrap();
+        let mut keys: Vec<(String, u64)> = v["keys"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
+            .collect();
+        keys.sort();
+        keys
+    }
+
     pub fn reset(&self) {
         self.call("/__reset");
     }
