@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """A stand-in for AWS STS (AssumeRole) and the IAM Identity Center portal
-(GetRoleCredentials) for the credential tests: it answers as they do and
+(GetRoleCredentials) and its OIDC service (CreateToken with a refresh
+token) for the credential tests: it answers as they do and
 appends each request it sees to LOG as one JSON line (what was asked, and
 the Authorization or bearer header), so a test can check what ckptfs sent.
 
 Usage: aws_auth_server.py PORT LOG   (prints "ready" once listening)
-The SSO portal accepts the bearer token "good-token" only.
+The SSO portal accepts the bearer tokens "good-token" and "refreshed-token";
+POST /token turns the refresh token "good-refresh" into "refreshed-token".
 """
 import datetime, json, sys, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +38,15 @@ class H(BaseHTTPRequestHandler):
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
-        form = urllib.parse.parse_qs(self.rfile.read(n).decode())
+        raw = self.rfile.read(n).decode()
+        if self.path == "/token":
+            body = json.loads(raw)
+            record(kind="oidc", body=body)
+            if body.get("grantType") != "refresh_token" or body.get("refreshToken") != "good-refresh":
+                return self.answer(400, json.dumps({"error": "invalid_grant"}), "application/json")
+            return self.answer(200, json.dumps({"accessToken": "refreshed-token", "expiresIn": 3600,
+                                                "tokenType": "Bearer"}), "application/json")
+        form = urllib.parse.parse_qs(raw)
         one = {k: v[0] for k, v in form.items()}
         record(kind="sts", form=one, auth=self.headers.get("Authorization", ""))
         if one.get("Action") != "AssumeRole":
@@ -57,7 +67,7 @@ class H(BaseHTTPRequestHandler):
         record(kind="sso", path=u.path, query=q, token=token)
         if u.path != "/federation/credentials":
             return self.answer(404, "{}", "application/json")
-        if token != "good-token":
+        if token not in ("good-token", "refreshed-token"):
             return self.answer(401, json.dumps({"message": "Session token not found or invalid"}),
                                "application/json")
         ms = int(later().timestamp() * 1000)

@@ -371,6 +371,22 @@ fn credentials_from_an_assumed_role_and_from_sso() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("expired") && e.contains("aws sso login"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
+    // Expired, but refreshable (as `aws sso login` with an sso-session
+    // leaves it): refreshed through OIDC, in memory, file untouched.
+    let refreshable = r#"{"accessToken": "stale", "expiresAt": "2020-01-01T00:00:00Z",
+        "refreshToken": "good-refresh", "clientId": "cid", "clientSecret": "cs",
+        "registrationExpiresAt": "2099-01-01T00:00:00Z"}"#;
+    std::fs::write(&token, refreshable).unwrap();
+    let mut with_oidc = with("sso").to_vec();
+    with_oidc.push(("AWS_ENDPOINT_URL_SSO_OIDC", auth.endpoint.as_str()));
+    ok(&run_clean_env(&["verify", url], home.path(), &with_oidc));
+    let seen = auth.requests();
+    let n = seen.len();
+    assert_eq!(seen[n - 2]["kind"], "oidc");
+    assert_eq!(seen[n - 2]["body"]["grantType"], "refresh_token");
+    assert_eq!(seen[n - 2]["body"]["clientId"], "cid");
+    assert_eq!(seen[n - 1]["token"], "refreshed-token");
+    assert_eq!(std::fs::read_to_string(&token).unwrap(), refreshable);
 }
 
 /// `S3Client::get_ranges` hands each response body over as it arrives,

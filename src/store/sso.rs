@@ -8,10 +8,17 @@
 //! the token file is read again at each fetch, so a new `aws sso login`
 //! is picked up without a remount.
 //!
-//! ckptfs does not log in or refresh the token itself: an expired or
-//! missing token is one line saying to run `aws sso login`. The portal is
-//! `AWS_ENDPOINT_URL_SSO`, else `AWS_ENDPOINT_URL`, else
-//! `https://portal.sso.REGION.amazonaws.com`.
+//! An expired token is refreshed as the AWS CLI does, when the cache file
+//! holds what that needs (an `sso-session` login: `refreshToken`,
+//! `clientId` and `clientSecret`, with a client registration that has not
+//! expired): an OIDC `CreateToken` request with the refresh token. The new
+//! token is kept in memory only (ckptfs never writes into `~/.aws`); a
+//! later `aws sso login` is still read. ckptfs never logs in itself: a
+//! missing token, or an expired one it cannot refresh, is one line saying
+//! to run `aws sso login`. The portal is `AWS_ENDPOINT_URL_SSO`, the OIDC
+//! service `AWS_ENDPOINT_URL_SSO_OIDC`, either else `AWS_ENDPOINT_URL`,
+//! else `https://portal.sso.REGION.amazonaws.com` and
+//! `https://oidc.REGION.amazonaws.com`.
 
 use super::aws_config::Sso;
 use super::credentials::{credential, env, http_client, provider_error, send, Kept};
@@ -33,8 +40,11 @@ pub struct SsoCredentials {
     sso: Sso,
     token_file: PathBuf,
     endpoint: String,
+    oidc: String,
     http: HttpClient,
     kept: Kept,
+    /// A token refreshed by this process, kept until it expires.
+    refreshed: parking_lot::Mutex<Option<(String, DateTime<Utc>)>>,
 }
 
 impl std::fmt::Debug for SsoCredentials {
@@ -48,6 +58,27 @@ impl std::fmt::Debug for SsoCredentials {
 struct Token {
     access_token: String,
     expires_at: String,
+    refresh_token: Option<String>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+    registration_expires_at: Option<String>,
+}
+
+/// What refreshing an expired token takes (from its cache file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refresh {
+    pub refresh_token: String,
+    pub client_id: String,
+    pub client_secret: String,
+}
+
+/// An OIDC `CreateToken` answer, the parts read.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewToken {
+    access_token: String,
+    /// Seconds.
+    expires_in: i64,
 }
 
 #[derive(Deserialize)]
@@ -76,21 +107,60 @@ pub fn token_file(home: &std::path::Path, sso: &Sso) -> PathBuf {
     home.join(".aws/sso/cache").join(format!("{hex}.json"))
 }
 
-/// The access token in a token cache file's text, if not expired.
-pub fn parse_token(text: &str) -> Result<String, String> {
+/// A date of a token cache file: botocore writes `...Z`, older CLIs
+/// wrote `...UTC`.
+fn cache_date(what: &str, at: &str) -> Result<DateTime<Utc>, String> {
+    let t = at.trim();
+    let t = t
+        .strip_suffix("UTC")
+        .map_or(t.to_string(), |s| format!("{s}Z"));
+    DateTime::parse_from_rfc3339(&t)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|e| format!("{what} {at:?} is not a date: {e}"))
+}
+
+/// A token cache file's text: its access token if not expired, else what
+/// refreshing it takes (if the file has that and the client registration
+/// is still valid), else why neither.
+pub fn parse_token(text: &str) -> Result<std::result::Result<String, Refresh>, String> {
     let t: Token =
         serde_json::from_str(text).map_err(|e| format!("not an SSO token cache file: {e}"))?;
-    // botocore writes `...Z`; older CLIs wrote `...UTC`.
-    let at = t.expires_at.trim();
-    let at = at
-        .strip_suffix("UTC")
-        .map_or(at.to_string(), |s| format!("{s}Z"));
-    let expires = DateTime::parse_from_rfc3339(&at)
-        .map_err(|e| format!("expiresAt {:?} is not a date: {e}", t.expires_at))?;
-    if expires <= Utc::now() {
-        return Err(format!("the token expired at {}", t.expires_at));
+    if cache_date("expiresAt", &t.expires_at)? > Utc::now() {
+        return Ok(Ok(t.access_token));
     }
-    Ok(t.access_token)
+    let registered = match &t.registration_expires_at {
+        Some(at) => cache_date("registrationExpiresAt", at)? > Utc::now(),
+        None => true,
+    };
+    match (t.refresh_token, t.client_id, t.client_secret) {
+        (Some(refresh_token), Some(client_id), Some(client_secret)) if registered => {
+            Ok(Err(Refresh {
+                refresh_token,
+                client_id,
+                client_secret,
+            }))
+        }
+        _ => Err(format!("the token expired at {}", t.expires_at)),
+    }
+}
+
+/// The token in an OIDC `CreateToken` answer, and when it expires.
+pub fn parse_new_token(status: u16, body: &[u8]) -> Result<(String, DateTime<Utc>), String> {
+    if !(200..300).contains(&status) {
+        let why = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|m| m.as_str()).map(str::to_string))
+            .unwrap_or_default();
+        return Err(
+            format!("refreshing the token was refused (HTTP {status}) {why}")
+                .trim_end()
+                .to_string(),
+        );
+    }
+    let t: NewToken = serde_json::from_slice(body)
+        .map_err(|e| format!("the OIDC answer has no access token: {e}"))?;
+    let secs = t.expires_in.clamp(0, 7 * 24 * 3600);
+    Ok((t.access_token, Utc::now() + chrono::Duration::seconds(secs)))
 }
 
 /// The credentials in a `GetRoleCredentials` answer.
@@ -128,13 +198,18 @@ impl SsoCredentials {
         let endpoint = env("AWS_ENDPOINT_URL_SSO")
             .or_else(|| env("AWS_ENDPOINT_URL"))
             .unwrap_or_else(|| format!("https://portal.sso.{}.amazonaws.com", sso.region));
+        let oidc = env("AWS_ENDPOINT_URL_SSO_OIDC")
+            .or_else(|| env("AWS_ENDPOINT_URL"))
+            .unwrap_or_else(|| format!("https://oidc.{}.amazonaws.com", sso.region));
         Ok(SsoCredentials {
             profile: profile.to_string(),
             sso: sso.clone(),
             token_file: token_file(std::path::Path::new(&home), sso),
             endpoint: endpoint.trim_end_matches('/').to_string(),
+            oidc: oidc.trim_end_matches('/').to_string(),
             http: http_client()?,
             kept: Kept::default(),
+            refreshed: parking_lot::Mutex::new(None),
         })
     }
 
@@ -145,20 +220,50 @@ impl SsoCredentials {
         )
     }
 
-    fn token(&self) -> Result<String, String> {
+    /// A valid access token: the cache file's, else one this process
+    /// refreshed and still holds, else a new one refreshed now.
+    async fn token(&self) -> Result<String, String> {
         let login = format!("run `aws sso login --profile {}`", self.profile);
+        let file = self.token_file.display();
         let f = std::fs::File::open(&self.token_file)
-            .map_err(|e| self.at(format!("{}: {e}: {login}", self.token_file.display())))?;
+            .map_err(|e| self.at(format!("{file}: {e}: {login}")))?;
         let mut text = String::new();
         f.take(MAX_READ)
             .read_to_string(&mut text)
-            .map_err(|e| self.at(format!("{}: {e}", self.token_file.display())))?;
-        parse_token(&text)
-            .map_err(|e| self.at(format!("{}: {e}: {login}", self.token_file.display())))
+            .map_err(|e| self.at(format!("{file}: {e}")))?;
+        let refresh = match parse_token(&text) {
+            Ok(Ok(token)) => return Ok(token),
+            Ok(Err(refresh)) => refresh,
+            Err(e) => return Err(self.at(format!("{file}: {e}: {login}"))),
+        };
+        if let Some((token, until)) = &*self.refreshed.lock() {
+            if *until > Utc::now() {
+                return Ok(token.clone());
+            }
+        }
+        let body = serde_json::json!({
+            "clientId": refresh.client_id,
+            "clientSecret": refresh.client_secret,
+            "grantType": "refresh_token",
+            "refreshToken": refresh.refresh_token,
+        });
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("{}/token", self.oidc))
+            .header("content-type", "application/json")
+            .body(body.to_string().into())
+            .map_err(|e| self.at(e))?;
+        let (status, answer) = send(&self.http, req)
+            .await
+            .map_err(|e| self.at(format!("refreshing the token at {}: {e}", self.oidc)))?;
+        let (token, until) = parse_new_token(status, &answer)
+            .map_err(|e| self.at(format!("{file}: {e}: {login}")))?;
+        *self.refreshed.lock() = Some((token.clone(), until));
+        Ok(token)
     }
 
     async fn fetch(&self) -> Result<(AwsCredential, Option<DateTime<Utc>>), String> {
-        let token = self.token()?;
+        let token = self.token().await?;
         let query = form_urlencoded::Serializer::new(String::new())
             .append_pair("role_name", &self.sso.role_name)
             .append_pair("account_id", &self.sso.account_id)
@@ -206,10 +311,36 @@ mod tests {
         );
         let later = (Utc::now() + chrono::Duration::hours(1)).format("%Y-%m-%dT%H:%M:%SZ");
         let t = format!(r#"{{"accessToken": "tok", "expiresAt": "{later}"}}"#);
-        assert_eq!(parse_token(&t).unwrap(), "tok");
+        assert_eq!(parse_token(&t).unwrap(), Ok("tok".to_string()));
         let old = r#"{"accessToken": "tok", "expiresAt": "2020-01-01T00:00:00UTC"}"#;
         assert!(parse_token(old).unwrap_err().contains("expired"));
         assert!(parse_token("{}").is_err());
+        // Expired, with what refreshing takes; not once the client
+        // registration has expired too.
+        let refreshable = |reg: &str| {
+            format!(
+                r#"{{"accessToken": "tok", "expiresAt": "2020-01-01T00:00:00Z",
+                "refreshToken": "r", "clientId": "c", "clientSecret": "s",
+                "registrationExpiresAt": "{reg}"}}"#
+            )
+        };
+        assert_eq!(
+            parse_token(&refreshable(&later.to_string())).unwrap(),
+            Err(Refresh {
+                refresh_token: "r".into(),
+                client_id: "c".into(),
+                client_secret: "s".into(),
+            })
+        );
+        assert!(parse_token(&refreshable("2021-01-01T00:00:00Z"))
+            .unwrap_err()
+            .contains("expired"));
+        let (tok, until) =
+            parse_new_token(200, br#"{"accessToken": "new", "expiresIn": 3600}"#).unwrap();
+        assert_eq!(tok, "new");
+        assert!(until > Utc::now() + chrono::Duration::minutes(59));
+        let e = parse_new_token(400, br#"{"error": "invalid_grant"}"#).unwrap_err();
+        assert!(e.contains("HTTP 400") && e.contains("invalid_grant"), "{e}");
         let ok = br#"{"roleCredentials": {"accessKeyId": "ASIA2", "secretAccessKey": "s",
             "sessionToken": "t", "expiration": 1893456000000}}"#;
         let (c, e) = parse_answer(200, ok).unwrap();
