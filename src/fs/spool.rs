@@ -234,28 +234,37 @@ impl Spool {
         self.dir.join(format!("{id:016x}.zstn.tmp"))
     }
 
+    /// Writes the record of `id` (through a temporary file when it
+    /// `replace`s one). A record that cannot be written whole (out of
+    /// space) is removed, not left behind half written: an orphan record
+    /// would keep the spool from ever being empty.
     fn write_record(&self, id: u64, target: &Path, replace: bool) -> io::Result<()> {
         let dst = self.dir.join(path_name(id));
-        if replace {
-            let tmp = self.dir.join(format!("{}.tmp", path_name(id)));
-            // The daemon runs with umask 0: records are private by mode.
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(target.as_os_str().as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &dst)
+        let written = if replace {
+            self.dir.join(format!("{}.tmp", path_name(id)))
         } else {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&dst)?;
-            f.write_all(target.as_os_str().as_bytes())
+            dst.clone()
+        };
+        // The daemon runs with umask 0: records are private by mode.
+        let mut o = OpenOptions::new();
+        o.write(true).mode(0o600);
+        if replace {
+            o.create(true).truncate(true);
+        } else {
+            o.create_new(true);
         }
+        let mut f = o.open(&written)?;
+        let r = f.write_all(target.as_os_str().as_bytes()).and_then(|_| {
+            if replace {
+                f.sync_all()?;
+                std::fs::rename(&written, &dst)?;
+            }
+            Ok(())
+        });
+        if r.is_err() {
+            let _ = std::fs::remove_file(&written);
+        }
+        r
     }
 
     fn insert(&self, id: u64, target: &Path, identity: Identity) {

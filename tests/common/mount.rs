@@ -200,13 +200,13 @@ impl Mount {
     pub fn wait_committed(&self, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
-            let n = spool_entries(&self.store).len();
-            if n == 0 {
+            let left = spool_entries(&self.store);
+            if left.is_empty() {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "spool not empty after {secs} s: {}",
+                "spool not empty after {secs} s ({left:?}): {}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));
