@@ -42,12 +42,15 @@ pub struct Global {
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
+    // Named workers: started lazily, the pool's threads took the name of
+    // whichever thread first used it (in the mount, a FUSE thread), so
+    // `top -H` and profiles showed the decoders as one FUSE thread.
+    let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("ckptfs-work-{i}"));
     if let Some(n) = cli.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global()
-            .with_context(|| format!("cannot start {n} threads"))?;
+        pool = pool.num_threads(n.max(1));
     }
+    pool.build_global()
+        .context("cannot start the worker threads")?;
     let g = Global { quiet: cli.quiet };
     match cli.command {
         Command::Pack(mut a) => match s3::upload_target(a.output.as_deref())? {
