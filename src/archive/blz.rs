@@ -27,6 +27,7 @@ use crate::format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
 };
 use crate::format::digest::xxh3_64;
+use crate::format::digest::Xxh3;
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
@@ -34,7 +35,6 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::Xxh3;
 
 /// One blob: its grid, built and checked on first use.
 struct Unit {

@@ -42,6 +42,7 @@ use super::{
 };
 use crate::codec::xor_delta::xor_into;
 use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN};
+use crate::format::digest::{xxh3_64, Xxh3};
 use crate::format::safetensors::{header_len, Header, TensorEntry};
 use std::collections::HashMap;
 use std::fs::File;
@@ -50,7 +51,6 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 /// The largest COPY block a reader accepts (ckptfs writes 1 MiB).
 const MAX_COPY_BLOCK: u64 = 64 << 20;

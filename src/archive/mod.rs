@@ -44,6 +44,7 @@ pub use frame_block::Grid;
 pub use zstn::ZstnArchive;
 
 use crate::codec::CodecError;
+use crate::format::digest::Xxh3;
 use crate::format::zstn::ZstnError;
 use rayon::prelude::*;
 use std::io::{Read, Write};
@@ -51,7 +52,6 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
-use xxhash_rust::xxh3::Xxh3;
 
 #[derive(Debug, Error)]
 pub enum ArchiveError {

@@ -520,7 +520,7 @@ impl ArchiveView for ZstnArchive {
     fn fingerprint(&self) -> Option<u64> {
         let e = self.ext.as_ref()?;
         let r = e.range.start as usize..e.range.end as usize;
-        Some(xxhash_rust::xxh3::xxh3_64(&self.bytes()[r]))
+        Some(crate::format::digest::xxh3_64(&self.bytes()[r]))
     }
     fn files(&self) -> usize {
         1

@@ -45,7 +45,7 @@ pub fn default_cache_dir(url: &S3Url, endpoint: Option<&str>) -> PathBuf {
     base.join("ckptfs/s3").join(format!(
         "{}-{:016x}",
         url.bucket,
-        xxhash_rust::xxh3::xxh3_64(id.as_bytes())
+        crate::format::digest::xxh3_64(id.as_bytes())
     ))
 }
 
@@ -225,8 +225,8 @@ fn owner_token(cache_dir: &Path) -> io::Result<String> {
     );
     let token = format!(
         "{:016x}{:016x}",
-        xxhash_rust::xxh3::xxh3_64(seed.as_bytes()),
-        xxhash_rust::xxh3::xxh3_64_with_seed(seed.as_bytes(), 1)
+        crate::format::digest::xxh3_64(seed.as_bytes()),
+        crate::format::digest::xxh3_64_with_seed(seed.as_bytes(), 1)
     );
     crate::fsutil::write_atomic(&path, true, |w| {
         use std::io::Write;

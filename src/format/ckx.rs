@@ -35,10 +35,10 @@
 //! ```
 
 use super::digest::xxh3_64;
+use crate::format::digest::Xxh3;
 use crate::format::frame::ElementAccess;
 use crate::format::zstn::{Layout, RecordKind, Zstn};
 use std::ops::Range;
-use xxhash_rust::xxh3::Xxh3;
 
 pub const MAGIC: &[u8; 4] = b"CKX1";
 pub const VERSION: u16 = 1;

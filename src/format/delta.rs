@@ -31,8 +31,8 @@
 
 use super::ckx::BlockDigest;
 use super::cursor::Cursor;
+use crate::format::digest::xxh3_64;
 use std::ops::Range;
-use xxhash_rust::xxh3::xxh3_64;
 
 pub const Z4DM_MAGIC: &[u8; 4] = b"Z4DM";
 pub const Z4DM_VERSION: u8 = 1;

@@ -15,6 +15,7 @@
 
 use super::BlzPackError;
 use crate::format::blazex::{self, Dtype, Header, Sidecar, TensorEntry};
+use crate::format::digest::xxh3_64;
 use crate::format::safetensors;
 use crate::fsutil::write_atomic;
 use base64::Engine as _;
@@ -24,7 +25,6 @@ use sha2::{Digest as _, Sha256};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use xxhash_rust::xxh3::xxh3_64;
 
 /// What [`pack_blazex`] wrote.
 #[derive(Debug, Clone, Copy)]

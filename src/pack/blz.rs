@@ -24,6 +24,7 @@ use crate::format::blz::{
     self, BlobEntry, BlockEntry, Content as FileContent, Digest, Encoding, FileEntry, Header,
     Shard, Stored, TensorEntry,
 };
+use crate::format::digest::xxh3_64;
 use crate::format::frame::BLOCK_BYTES;
 use crate::format::safetensors::{self, Dtype};
 use crate::fsutil::{parent_dir, write_atomic};
@@ -36,7 +37,6 @@ use std::fs;
 use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Plain files up to this size are embedded in the header.
 pub const EMBED_MAX: u64 = 16 << 20;

@@ -16,12 +16,12 @@ use crate::archive::BlazexArchive;
 use crate::codec::blxd;
 use crate::format::blazex::{self, Header, TensorEntry};
 use crate::format::blzdiff::{self, Entry, Manifest, Op};
+use crate::format::digest::xxh3_64;
 use crate::fsutil::write_atomic;
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-use xxhash_rust::xxh3::xxh3_64;
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct DiffStats {

@@ -25,12 +25,12 @@ use crate::format::ckx::{BlockDigest, UnitDigests};
 use crate::format::delta::{
     self, render_head, render_record_head, DeltaKind, Trailer, UnitEntry, COPY_BLOCK,
 };
+use crate::format::digest::xxh3_64;
 use crate::format::safetensors::{self, Dtype, TensorEntry};
 use crate::format::z4digest::base_and_reference_digests;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// The base as the writer needs it.
 pub struct DeltaBase<'a> {

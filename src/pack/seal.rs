@@ -24,6 +24,7 @@
 use crate::archive::{blocks_of, ArchiveError, ArchiveView, Backing, BlockKey, Grid, ZstnArchive};
 use crate::format::ckx;
 use crate::format::digest::xxh3_64;
+use crate::format::digest::Xxh3;
 use crate::format::frame::{block_grid, Frame};
 use crate::format::zstn::{self, Layout, RecordKind, FOOTER_LEN};
 use crate::fsutil;
@@ -34,7 +35,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
-use xxhash_rust::xxh3::Xxh3;
 
 #[derive(Debug, Error)]
 pub enum SealError {

@@ -687,7 +687,7 @@ pub(super) fn dedup(order: &[&safetensors::TensorEntry], data: &[u8]) -> Vec<Opt
     let fingerprint = |t: &safetensors::TensorEntry| -> (u64, u64) {
         let b = &data[t.begin as usize..t.end as usize];
         const S: usize = 4096;
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut h = crate::format::digest::Xxh3::new();
         if b.len() <= 3 * S {
             h.update(b);
         } else {

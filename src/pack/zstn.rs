@@ -11,12 +11,12 @@
 use super::tensor::{dedup, digests, encode_tensor, opaque_frame};
 use super::{PackError, PackOptions, PackStats};
 use crate::format::ckx;
+use crate::format::digest::xxh3_64;
 use crate::format::safetensors::{self, Header};
 use crate::format::zstn::{self, Record, RecordKind};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Packs a whole safetensors file into `out`. The input is validated before
 /// the first byte is written. `progress` receives raw bytes as they are done.

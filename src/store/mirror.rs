@@ -39,6 +39,7 @@ use super::budget::Budget;
 use super::ranges::RangeSet;
 use super::remote::{self, RemoteFile};
 use super::s3::{Listed, S3Client};
+use crate::format::digest::xxh3_64;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -47,7 +48,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
-use xxhash_rust::xxh3::xxh3_64;
 
 pub struct Mirror {
     client: Arc<S3Client>,

@@ -21,11 +21,11 @@
 //! Content digests (per block, per file) are checked by the reader on use;
 //! the header digest and the DATA SHA-256 by `verify`.
 
+use crate::format::digest::xxh3_64;
 use crate::format::frame::MAX_EXPANSION;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::HashSet;
 use thiserror::Error;
-use xxhash_rust::xxh3::xxh3_64;
 
 pub const MAGIC: &[u8; 8] = b"CKPTBLZ\0";
 pub const VERSION: u32 = 1;
