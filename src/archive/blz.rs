@@ -20,14 +20,13 @@
 
 use super::frame_block::{
     block_index, damaged_payload, decode_refetching_once, decode_remote_frame_block,
-    decode_unit_block, frame_grid, frame_unit_grid, GridCell, GridError,
+    decode_unit_block, frame_grid, frame_unit_grid, io_error, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
 };
-use crate::format::digest::xxh3_64;
-use crate::format::digest::Xxh3;
+use crate::format::digest::{xxh3_64, Xxh3};
 use crate::format::safetensors::Header as StHeader;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
@@ -230,12 +229,6 @@ impl BlzArchive {
         let s = self.parsed.data_start + b.offset;
         s..s + b.length
     }
-    fn io(&self, source: std::io::Error) -> ArchiveError {
-        ArchiveError::Io {
-            path: self.path.clone(),
-            source,
-        }
-    }
     fn data(&self) -> &[u8] {
         &self.bytes()[self.parsed.data_start as usize..]
     }
@@ -424,7 +417,7 @@ impl BlzArchive {
         let start = self.parsed.data_start;
         self.map
             .ensure(start..self.bytes().len() as u64)
-            .map_err(|e| self.io(e))?;
+            .map_err(|e| io_error(self, e))?;
         let data = self.data();
         let mut h = Sha256::new();
         for c in data.chunks(16 << 20) {
@@ -596,7 +589,7 @@ impl ArchiveView for BlzArchive {
             Encoding::Raw => {
                 let span = grid.span(b);
                 let payload = vec![frame.start + span.start..frame.start + span.end];
-                let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
+                let _pin = self.map.pin_all(&payload).map_err(|e| io_error(self, e))?;
                 decode_refetching_once(&self.map, &frame, None, payload, decode)
             }
         }

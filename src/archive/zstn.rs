@@ -24,7 +24,7 @@
 
 use super::frame_block::{
     block_file_ranges, block_index, block_ranges, damaged_payload, decode_refetching_once,
-    decode_unit_block, fetch_frame_structure, frame_grid, in_file, shared_grid,
+    decode_unit_block, fetch_frame_structure, frame_grid, in_file, io_error, shared_grid,
     shared_grid_refetching_once, GridCell, GridError,
 };
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
@@ -346,11 +346,11 @@ impl ZstnArchive {
         if self.follows_a_read_unit(unit) && len <= room.min(READ_AHEAD_BYTES) {
             self.frames_ahead(unit, room - len);
             let whole = vec![frame];
-            let pin = self.map.pin_all(&whole).map_err(|e| self.io(e))?;
+            let pin = self.map.pin_all(&whole).map_err(|e| io_error(self, e))?;
             return Ok((whole, pin));
         }
         fetch_frame_structure(&self.map, &frame, self.unit_decoded_len(unit))
-            .map_err(|e| self.io(e))
+            .map_err(|e| io_error(self, e))
     }
 
     /// True when the unit before `unit` is read or was (its grid is
@@ -388,14 +388,6 @@ impl ZstnArchive {
         }
         if !ahead.is_empty() {
             self.map.prefetch(&ahead);
-        }
-    }
-
-    /// A failure to fetch a remote archive's bytes.
-    fn io(&self, source: std::io::Error) -> ArchiveError {
-        ArchiveError::Io {
-            path: self.path.clone(),
-            source,
         }
     }
 
@@ -662,7 +654,7 @@ impl ArchiveView for ZstnArchive {
             self.map.pin_all(&all).ok()
         };
         // The block's bytes stay in the disk cache until it is decoded.
-        let _pin = self.map.pin_all(&payload).map_err(|e| self.io(e))?;
+        let _pin = self.map.pin_all(&payload).map_err(|e| io_error(self, e))?;
         drop(_ahead);
         let structure = Some((bytes, self.unit_decoded_len(key.unit)));
         decode_refetching_once(&self.map, &frame, structure, payload, || {
