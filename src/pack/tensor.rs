@@ -278,23 +278,31 @@ fn xor_byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     };
     let planes = split_planes(raw, w);
     let k = rans_chunks(n, b);
+    let group = k / b;
     let outs: Vec<PlaneOut> = planes
         .par_iter()
         .map(|p| {
             let slack = p.len() / 2048;
+            // One count of the plane, chunk by chunk: its entropy, each
+            // block's (a block is a run of `group` chunks), the shared
+            // tables and the stationarity check all come from it.
+            let chunks = rans::run_histograms(p, k, 1);
+            let runs: Vec<[u64; 256]> = chunks.chunks(group).map(sum_histograms).collect();
+            let total = sum_histograms(&runs);
             // Order-0 entropy per block: no rANS plane is smaller, so zstd
             // within the slack of it is kept without running rANS at all.
-            let entropy = if estimate_o0_bytes(p) < p.len() as f64 / 8.0 {
-                p.chunks(n / b).map(o0_bytes).sum::<f64>()
+            let entropy = if counted_o0_bytes(&total) < p.len() as f64 / 8.0 {
+                runs.iter().map(counted_o0_bytes).sum::<f64>()
             } else {
                 f64::INFINITY
             };
+            let shared = || encode_plane_counted(p, k, group, &runs, &total);
             if entropy >= p.len() as f64 / 8.0 {
-                let shared = encode_plane(p, k, k / b);
-                if !non_stationary(p, k, k / b) {
+                let shared = shared();
+                if !non_stationary(p.len(), &chunks, &runs) {
                     return shared;
                 }
-                let own = encode_plane(p, k, 1);
+                let own = encode_plane_counted(p, k, 1, &chunks, &total);
                 return if own.payload.len() < shared.payload.len() {
                     own
                 } else {
@@ -309,7 +317,7 @@ fn xor_byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
             if z.payload.len() as f64 <= entropy + slack as f64 {
                 return z;
             }
-            let r = encode_plane(p, k, k / b);
+            let r = shared();
             if r.method != plane::STORE && z.payload.len() <= r.payload.len() + slack {
                 z
             } else {
@@ -320,30 +328,35 @@ fn xor_byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
 }
 
-/// True when an XOR plane of at most 1 MiB, coded in `k` rANS chunks with
-/// one table per run of `group`, would be clearly smaller with a table per
-/// chunk (z4ai's method 4): its order-0 entropy summed per chunk, plus
-/// about 256 bytes per extra table, is under 98% of that per run. That is a
-/// plane whose statistics change along it, such as a position embedding
-/// whose first rows moved much further than the rest; a weight matrix's
-/// planes are stationary, and larger planes are not checked (the check is
-/// a histogram pass).
-fn non_stationary(p: &[u8], k: usize, group: usize) -> bool {
-    if group <= 1 || p.len() > 1 << 20 {
+/// True when an XOR plane of at most 1 MiB (`len` bytes), coded in rANS
+/// chunks with one table per run of chunks, would be clearly smaller with a
+/// table per chunk (z4ai's method 4): its order-0 entropy summed per chunk,
+/// plus about 256 bytes per extra table, is under 98% of that per run.
+/// That is a plane whose statistics change along it, such as a position
+/// embedding whose first rows moved much further than the rest; a weight
+/// matrix's planes are stationary, and larger planes are not checked.
+/// `chunks` and `runs` are the histograms of its chunks and of its runs.
+fn non_stationary(len: usize, chunks: &[[u64; 256]], runs: &[[u64; 256]]) -> bool {
+    if runs.len() >= chunks.len() || len > 1 << 20 {
         return false;
     }
-    let n = p.len() as u64;
-    let part = |a: usize, b: usize| {
-        let lo = crate::format::plane::chunk_range(n, k, a).start as usize;
-        let hi = crate::format::plane::chunk_range(n, k, b - 1).end as usize;
-        o0_bytes(&p[lo..hi])
-    };
-    let runs: f64 = (0..k)
-        .step_by(group)
-        .map(|j| part(j, (j + group).min(k)))
-        .sum();
-    let own: f64 = (0..k).map(|j| part(j, j + 1)).sum();
-    own + (k - k.div_ceil(group)) as f64 * 256.0 < 0.98 * runs
+    let own: f64 = chunks.iter().map(counted_o0_bytes).sum();
+    let shared: f64 = runs.iter().map(counted_o0_bytes).sum();
+    own + (chunks.len() - runs.len()) as f64 * 256.0 < 0.98 * shared
+}
+
+/// The element-wise sum of byte histograms.
+fn sum_histograms(hs: &[[u64; 256]]) -> [u64; 256] {
+    let mut sum = [0u64; 256];
+    for h in hs {
+        sum.iter_mut().zip(h).for_each(|(a, b)| *a += b);
+    }
+    sum
+}
+
+/// Order-0 entropy in bytes of the bytes a histogram counted.
+fn counted_o0_bytes(h: &[u64; 256]) -> f64 {
+    hist_o0_bytes(h, h.iter().sum::<u64>() as usize)
 }
 
 /// zstd level of an XOR's zstd-block planes. On the low-entropy planes of
@@ -361,38 +374,62 @@ fn block_elems(elem_bytes: usize) -> usize {
 /// sharing one table (1: a table per chunk), or stores it if that is not
 /// smaller.
 fn encode_plane(data: &[u8], k: usize, group: usize) -> PlaneOut {
-    let stored = || PlaneOut {
-        method: plane::STORE,
-        orig_len: data.len() as u64,
-        payload: data.to_vec(),
-    };
     if data.is_empty() {
-        return stored();
+        return stored_plane(data);
     }
     // Shared tables come from the runs' histograms, which for a plane of
     // at most the estimate's sample also give its estimate (one count of
     // the plane, not two).
     let runs = (group > 1).then(|| rans::run_histograms(data, k, group));
     let estimate = match &runs {
-        Some(h) if data.len() <= O0_SAMPLE => {
-            let mut sum = [0u64; 256];
-            for r in h {
-                sum.iter_mut().zip(r).for_each(|(a, b)| *a += b);
-            }
-            hist_o0_bytes(&sum, data.len())
-        }
+        Some(h) if data.len() <= O0_SAMPLE => counted_o0_bytes(&sum_histograms(h)),
         _ => estimate_o0_bytes(data),
     };
-    // Skip the encoder when order-0 entropy says it cannot win.
-    if estimate >= data.len() as f64 * 0.995 {
-        return stored();
+    encode_estimated(data, k, group, runs.as_deref(), estimate)
+}
+
+/// [`encode_plane`] with the histograms of its runs of `group` chunks and
+/// of the whole plane already counted.
+fn encode_plane_counted(
+    data: &[u8],
+    k: usize,
+    group: usize,
+    runs: &[[u64; 256]],
+    total: &[u64; 256],
+) -> PlaneOut {
+    if data.is_empty() {
+        return stored_plane(data);
     }
-    let payload = match &runs {
+    encode_estimated(data, k, group, Some(runs), counted_o0_bytes(total))
+}
+
+fn stored_plane(data: &[u8]) -> PlaneOut {
+    PlaneOut {
+        method: plane::STORE,
+        orig_len: data.len() as u64,
+        payload: data.to_vec(),
+    }
+}
+
+/// The rANS plane of `data` (tables from `runs` when given, else one per
+/// chunk counted here), or the plane stored when its order-0 `estimate`
+/// in bytes says rANS cannot win, or when it does not.
+fn encode_estimated(
+    data: &[u8],
+    k: usize,
+    group: usize,
+    runs: Option<&[[u64; 256]]>,
+    estimate: f64,
+) -> PlaneOut {
+    if estimate >= data.len() as f64 * 0.995 {
+        return stored_plane(data);
+    }
+    let payload = match runs {
         Some(h) => rans::encode_method4_runs(data, k, group, h),
         None => rans::encode_method4(data, k),
     };
     if payload.len() >= data.len() {
-        return stored();
+        return stored_plane(data);
     }
     PlaneOut {
         method: plane::RANS_ADAPT,
@@ -931,11 +968,19 @@ mod tests {
                 }
             })
             .collect();
-        assert!(non_stationary(&shifting, 16, 16));
+        // 16 chunks, as one run of 16 or 16 runs of one.
+        let check = |p: &[u8], group: usize| {
+            let chunks = rans::run_histograms(p, 16, 1);
+            let runs: Vec<_> = chunks.chunks(group).map(sum_histograms).collect();
+            non_stationary(p.len(), &chunks, &runs)
+        };
+        assert!(check(&shifting, 16));
         let steady: Vec<u8> = (0..n).map(|_| next() as u8 & 0x3F).collect();
-        assert!(!non_stationary(&steady, 16, 16));
+        assert!(!check(&steady, 16));
         // Already a table per chunk, or too large to check.
-        assert!(!non_stationary(&shifting, 16, 1));
+        assert!(!check(&shifting, 1));
+        let long: Vec<u8> = shifting.iter().cycle().take(5 * n).copied().collect();
+        assert!(!check(&long, 16));
     }
 
     #[test]
