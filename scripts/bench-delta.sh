@@ -17,7 +17,10 @@
 # whole process: read, encode, write) against z4ai's model_delta (compress
 # call only, files already in memory), and the cold read (remount, drop
 # caches, dd bs=1M; median of RUNS) through the mount of the delta's
-# presented .safetensors against a standalone .zstn of the same target.
+# presented .safetensors against a standalone .zstn of the same target,
+# with the base as a plain .safetensors and again with the base packed as a
+# .zstn (the delta then packed against it), as a store written through the
+# mount holds it.
 # A column ckptfs cannot produce yet prints "n/a (why)" instead of aborting.
 #
 # Usage: scripts/bench-delta.sh [WORKDIR]     (RUNS=3 by default; root for
@@ -189,6 +192,18 @@ for name, bpath, tpath in pairs:
         row["read delta"] = cold_read(store, "target.safetensors", T)
     else:
         row["read delta"] = "n/a (no delta)"
+    # The same delta over a compressed base, as a store written through
+    # the mount holds it: reads decode the base's blocks too.
+    zb = f"{OUT}/{tag}.zbstore"
+    shutil.rmtree(zb, ignore_errors=True)
+    os.makedirs(zb)
+    r = run(BIN, "pack", "-q", B, "-o", f"{zb}/base.zstn")
+    if r.returncode == 0:
+        r = run(BIN, "pack", "-q", T, "--base", f"{zb}/base.zstn", "-o", f"{zb}/target.z4dm")
+    if r.returncode == 0:
+        row["read delta zb"] = cold_read(zb, "target.safetensors", T)
+    else:
+        row["read delta zb"] = "n/a (pack failed)"
     rows.append(row)
     print(f"# {name} done", file=sys.stderr, flush=True)
 
@@ -203,11 +218,23 @@ for r in rows:
         cells.append(v if isinstance(v, str) else f"{v:,} ({r['target'] / v:.1f}x)")
     print(" | ".join(cells))
 print("\n## pack speed (target MB/s) and cold read through the mount (MB/s)")
-print("pair | ckptfs delta pack | z4ai model_delta | ratio | read delta | read .zstn | ratio")
+print("(read delta: base a plain .safetensors; over .zstn: the base packed too; ratios against read .zstn)")
+print(
+    "pair | ckptfs delta pack | z4ai model_delta | ratio | read .zstn | read delta | ratio"
+    " | read delta over .zstn | ratio"
+)
+
+
+def per(c, d):
+    return f"{c / d:.2f}x" if not isinstance(c, str) and not isinstance(d, str) else "n/a"
+
+
 for r in rows:
     a, b = r["ckptfs MB/s"], r["z4ai MB/s"]
     ra = f"{a / b:.1f}x" if not isinstance(a, str) else "n/a"
-    c, d = r["read delta"], r["read zstn"]
-    rr = f"{c / d:.2f}x" if not isinstance(c, str) and not isinstance(d, str) else "n/a"
-    print(f"{r['pair']} | {fmt(a, ' MB/s')} | {fmt(b, ' MB/s')} | {ra} | {fmt(c, ' MB/s')} | {fmt(d, ' MB/s')} | {rr}")
+    c, e, d = r["read delta"], r["read delta zb"], r["read zstn"]
+    print(
+        f"{r['pair']} | {fmt(a, ' MB/s')} | {fmt(b, ' MB/s')} | {ra} | {fmt(d, ' MB/s')}"
+        f" | {fmt(c, ' MB/s')} | {per(c, d)} | {fmt(e, ' MB/s')} | {per(e, d)}"
+    )
 PY
