@@ -44,6 +44,9 @@ struct Fixture {
     cache: PathBuf,
     big: Vec<u8>,
     spans: Vec<(u64, u64)>,
+    /// Holds the disk cache and the original big file; removed last,
+    /// after the mount (fields drop in order).
+    _dir: tempfile::TempDir,
 }
 
 /// Mount options for `server`: a 2 s request timeout (the network-failure
@@ -67,7 +70,8 @@ fn mount_args(server: &S3Server, cache: &Path, extra: &[&str]) -> Vec<String> {
 /// archive) packed locally, uploaded to `bucket/models`, mounted.
 fn fixture(bucket: &str, extra: &[&str]) -> Fixture {
     let server = S3Server::start();
-    let cache_dir = tempfile::tempdir().unwrap().keep();
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().to_path_buf();
     let cache = cache_dir.join("cache");
     let (big, spans) = eight_tensors();
     let mut pairs = Vec::new();
@@ -95,6 +99,7 @@ fn fixture(bucket: &str, extra: &[&str]) -> Fixture {
         cache,
         big,
         spans,
+        _dir: dir,
     }
 }
 
