@@ -397,16 +397,11 @@ impl ElementAccess<'_> {
                 .rebuild(te, js.clone())
                 .and_then(|()| dm.rebuild(tm, js.clone()))
                 .and_then(|()| {
-                    rans::decode_chunk_pairs((e, de), (m, dm), js.clone(), scratch, |off, x, y| {
-                        let o = off as usize;
-                        transform::bf16_join_masked(
-                            masks,
-                            o,
-                            x,
-                            y,
-                            &mut out[2 * o..2 * (o + x.len())],
-                        )
-                    })
+                    let sink = Bf16Join {
+                        masks,
+                        out: &mut *out,
+                    };
+                    rans::decode_chunk_pairs((e, de), (m, dm), js.clone(), scratch, sink)
                 });
             if scratch.len() > super::SCRATCH_KEEP {
                 *scratch = Vec::new();
@@ -417,6 +412,31 @@ impl ElementAccess<'_> {
                 Err(e) => Some(Err(e)),
             }
         })
+    }
+}
+
+/// Joins bf16 elements as the paired rANS decoder hands over their
+/// exponents and mantissas; signs from [`transform::sign_masks`].
+struct Bf16Join<'a> {
+    masks: &'a [u64],
+    out: &'a mut [u8],
+}
+
+impl rans::PairSink for Bf16Join<'_> {
+    fn run(&mut self, offset: u64, exp: &[u8], mant: &[u8]) {
+        let o = offset as usize;
+        let out = &mut self.out[2 * o..2 * (o + exp.len())];
+        transform::bf16_join_masked(self.masks, o, exp, mant, out)
+    }
+
+    fn stage(
+        &mut self,
+        offsets: &[u64; 16],
+        chunks: usize,
+        exp: &rans::StageRows,
+        mant: &rans::StageRows,
+    ) -> bool {
+        transform::bf16_join_stage(self.masks, offsets, chunks, exp, mant, self.out)
     }
 }
 

@@ -5,6 +5,7 @@
 //! loops for heads, tails and other CPUs, and both give the same bytes
 //! (tested against each other below).
 
+use crate::codec::rans::StageRows;
 use std::arch::x86_64::*;
 
 pub(super) fn available() -> bool {
@@ -103,6 +104,121 @@ unsafe fn bf16_masked_steps(
     }
 }
 
+/// Joins a full round block of the paired rANS decoder straight from its
+/// stages ([`crate::codec::rans::PairSink::stage`]): for chunk c <
+/// `chunks`, the 64 exponents of column c of `exp` and the 64 mantissas of
+/// column c of `mant` become elements `offsets[c]..offsets[c] + 64` of
+/// `out`, their signs bits `offsets[c]..` of `masks` (as in
+/// [`bf16_masked_body`]). The columns stay in registers. Returns false,
+/// having written nothing, if an element would fall outside `out`.
+pub(super) fn bf16_stage_body(
+    masks: &[u64],
+    offsets: &[u64; 16],
+    chunks: usize,
+    exp: &StageRows,
+    mant: &StageRows,
+    out: &mut [u8],
+) -> bool {
+    let room = out.len() as u64 / 2;
+    if chunks > 16
+        || offsets[..chunks]
+            .iter()
+            .any(|&o| o.checked_add(64).is_none_or(|e| e > room))
+    {
+        return false;
+    }
+    assert!(available());
+    // SAFETY: the CPU has AVX-512F/BW (checked above); every chunk's 64
+    // elements lie inside `out` (checked above).
+    unsafe { bf16_stage_steps(masks, offsets, chunks, exp, mant, out) };
+    true
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bf16_stage_steps(
+    masks: &[u64],
+    offsets: &[u64; 16],
+    chunks: usize,
+    exp: &StageRows,
+    mant: &StageRows,
+    out: &mut [u8],
+) {
+    let word = |w: usize| masks.get(w).copied().unwrap_or(0);
+    // SAFETY: the caller checked the CPU features and that every chunk's
+    // 128 output bytes are inside `out`; the loads are of whole rows.
+    unsafe {
+        let load = |m: &StageRows| -> [__m512i; 16] {
+            std::array::from_fn(|t| _mm512_loadu_si512(m[t].as_ptr().cast()))
+        };
+        let (ec, mc) = (transpose16(&load(exp)), transpose16(&load(mant)));
+        let low7 = _mm512_set1_epi16(0x7f);
+        let top = _mm512_set1_epi16(0x8000u16 as i16);
+        for c in 0..chunks {
+            let o = offsets[c] as usize;
+            // The chunk's 64 sign bits, from bit o.
+            let (w, sh) = (o / 64, o % 64);
+            let bits = if sh == 0 {
+                word(w)
+            } else {
+                (word(w) >> sh) | (word(w + 1) << (64 - sh))
+            };
+            let halves =
+                |v: __m512i| [_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)];
+            for (h, (e, m)) in halves(ec[c]).into_iter().zip(halves(mc[c])).enumerate() {
+                let e = _mm512_cvtepu8_epi16(e);
+                let m = _mm512_cvtepu8_epi16(m);
+                let v = _mm512_or_si512(_mm512_slli_epi16::<7>(e), _mm512_and_si512(m, low7));
+                let v =
+                    _mm512_mask_blend_epi16((bits >> (32 * h)) as u32, v, _mm512_or_si512(v, top));
+                _mm512_storeu_si512(out.as_mut_ptr().add(2 * o + 64 * h).cast(), v);
+            }
+        }
+    }
+}
+
+/// The transpose of a 16 x 16 matrix of u32 held as 16 rows: dword t of
+/// result c is dword c of row t. 32-bit and 64-bit interleaves within
+/// 128-bit lanes, then a 4 x 4 transpose of the lanes.
+///
+/// # Safety
+/// AVX-512F available.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+    // a[2i], a[2i+1]: rows 2i and 2i+1 interleaved by dword.
+    let a: [__m512i; 16] = std::array::from_fn(|k| {
+        let (x, y) = (r[k & !1], r[k | 1]);
+        if k % 2 == 0 {
+            _mm512_unpacklo_epi32(x, y)
+        } else {
+            _mm512_unpackhi_epi32(x, y)
+        }
+    });
+    // b[4i+j], lane L: column 4L+j of rows 4i..4i+4.
+    let b: [__m512i; 16] = std::array::from_fn(|k| {
+        let (i, j) = (k / 4, k % 4);
+        let (x, y) = (a[4 * i + (j >> 1)], a[4 * i + 2 + (j >> 1)]);
+        if j % 2 == 0 {
+            _mm512_unpacklo_epi64(x, y)
+        } else {
+            _mm512_unpackhi_epi64(x, y)
+        }
+    });
+    let mut cols = [_mm512_setzero_si512(); 16];
+    for j in 0..4 {
+        let [b0, b1, b2, b3] = [b[j], b[4 + j], b[8 + j], b[12 + j]];
+        let c0 = _mm512_shuffle_i32x4::<0x44>(b0, b1);
+        let c1 = _mm512_shuffle_i32x4::<0xEE>(b0, b1);
+        let c2 = _mm512_shuffle_i32x4::<0x44>(b2, b3);
+        let c3 = _mm512_shuffle_i32x4::<0xEE>(b2, b3);
+        cols[j] = _mm512_shuffle_i32x4::<0x88>(c0, c2);
+        cols[4 + j] = _mm512_shuffle_i32x4::<0xDD>(c0, c2);
+        cols[8 + j] = _mm512_shuffle_i32x4::<0x88>(c1, c3);
+        cols[12 + j] = _mm512_shuffle_i32x4::<0xDD>(c1, c3);
+    }
+    cols
+}
+
 /// Joins the first `exp.len() / 16 * 16` float32 elements (sign position
 /// byte-aligned at `sign[0]`); returns how many it joined.
 pub(super) fn f32_body(sign: &[u8], exp: &[u8], m: [&[u8]; 3], out: &mut [u8]) -> usize {
@@ -188,6 +304,59 @@ mod tests {
                     assert_eq!(part, body[a * eb..b * eb], "{spec:?} [{a}, {b})");
                 }
             }
+        }
+    }
+
+    /// A round block joined from the decoder's stages equals each chunk's
+    /// column joined alone, for chunks at any offsets (sign bits that
+    /// straddle mask words), and a chunk reaching past `out` is refused
+    /// before anything is written.
+    #[test]
+    fn stage_join_matches_joining_each_column() {
+        use crate::codec::transform::{bf16_join_masked, bf16_join_stage};
+        assert!(super::available(), "this test needs an AVX-512 CPU");
+        let mut x = 0x1234_5678_9ABC_DEF0u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let masks: Vec<u64> = (0..40).map(|_| next()).collect();
+        for round in 0..20 {
+            let exp: super::StageRows =
+                std::array::from_fn(|_| std::array::from_fn(|_| next() as u32));
+            let mant: super::StageRows =
+                std::array::from_fn(|_| std::array::from_fn(|_| next() as u32));
+            let chunks = 1 + round % 16;
+            // Chunks 100 elements apart from an odd start: every shift.
+            let offsets: [u64; 16] =
+                std::array::from_fn(|c| (round * 7 + 100 * c.min(chunks - 1)) as u64);
+            let n = offsets[chunks - 1] as usize + 64;
+            let mut got = vec![0u8; 2 * n];
+            assert!(bf16_join_stage(
+                &masks, &offsets, chunks, &exp, &mant, &mut got
+            ));
+            let mut want = vec![0u8; 2 * n];
+            for c in 0..chunks {
+                let col = |m: &super::StageRows| -> Vec<u8> {
+                    (0..16).flat_map(|t| m[t][c].to_le_bytes()).collect()
+                };
+                let o = offsets[c] as usize;
+                bf16_join_masked(
+                    &masks,
+                    o,
+                    &col(&exp),
+                    &col(&mant),
+                    &mut want[2 * o..2 * o + 128],
+                );
+            }
+            assert_eq!(got, want, "round {round}");
+            let mut short = vec![0xEEu8; 2 * n - 2];
+            assert!(!bf16_join_stage(
+                &masks, &offsets, chunks, &exp, &mant, &mut short
+            ));
+            assert!(short.iter().all(|&b| b == 0xEE));
         }
     }
 }

@@ -331,6 +331,27 @@ pub fn bf16_join_masked(masks: &[u64], first: usize, exp: &[u8], mant: &[u8], ou
     }
 }
 
+/// [`bf16_join_masked`] of a full round block of the paired rANS decoder,
+/// straight from its stages (chunk c's 64 elements from `offsets[c]`; see
+/// [`crate::codec::rans::PairSink::stage`]). Returns false, having written
+/// nothing, where there is no AVX-512 or an element falls outside `out`:
+/// the caller then joins chunk by chunk.
+pub fn bf16_join_stage(
+    masks: &[u64],
+    offsets: &[u64; 16],
+    chunks: usize,
+    exp: &crate::codec::rans::StageRows,
+    mant: &crate::codec::rans::StageRows,
+    out: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if super::join_avx512::available() {
+        return super::join_avx512::bf16_stage_body(masks, offsets, chunks, exp, mant, out);
+    }
+    let _ = (masks, offsets, chunks, exp, mant, out);
+    false
+}
+
 /// float32 bit-field join, 8 elements per sign byte once the sign position
 /// is byte-aligned (a block of a frame may start anywhere in a sign byte).
 fn f32_join(sign: &[u8], sign_bit: usize, exp: &[u8], mants: &[&[u8]], out: &mut [u8]) {

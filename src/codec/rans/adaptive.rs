@@ -241,7 +241,8 @@ fn chunk_groups(js: &Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
 /// AVX-512, handing the symbols of both to `sink(offset, a, b)`: `offset`
 /// counts symbols from the first of `js`, the slices have equal lengths,
 /// and together the calls cover every symbol of `js` (a chunk with a
-/// damaged stream is handed again whole; its last call wins). Neither
+/// damaged stream is handed again whole; its last call wins), full round
+/// blocks through [`super::PairSink::stage`] where the sink takes them. Neither
 /// plane is written out, so a joined output is made straight from the
 /// decoder's registers' spill, in cache.
 ///
@@ -254,7 +255,7 @@ pub fn decode_chunk_pairs(
     b: (&AdaptivePayload<'_>, &DecodeTables),
     js: Range<usize>,
     scratch: &mut Vec<u8>,
-    mut sink: impl FnMut(u64, &[u8], &[u8]),
+    mut sink: impl super::PairSink,
 ) -> Result<bool> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -276,8 +277,7 @@ pub fn decode_chunk_pairs(
                 return Ok(false);
             }
             let at = a.0.span(&g).start - lo;
-            let ok =
-                avx512::try_decode_pair(a, b, g, scratch, |off, x, y| sink(at + off as u64, x, y));
+            let ok = avx512::try_decode_pair(a, b, g, scratch, at, &mut sink);
             if !ok {
                 return Ok(false);
             }

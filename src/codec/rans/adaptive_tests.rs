@@ -483,12 +483,18 @@ fn check_chunk_pairs(pa: &[u8], pb: &[u8]) -> std::result::Result<bool, TestCase
         let len = a.chunk_bounds(js.end - 1).end as usize - lo;
         let (mut ga, mut gb) = (vec![0xA5u8; len], vec![0x5Au8; len]);
         let mut scratch = Vec::new();
-        let took = decode_chunk_pairs((&a, &ta), (&b, &tb), js.clone(), &mut scratch, |o, x, y| {
-            let o = o as usize;
-            assert_eq!(x.len(), y.len());
-            ga[o..o + x.len()].copy_from_slice(x);
-            gb[o..o + y.len()].copy_from_slice(y);
-        })
+        let took = decode_chunk_pairs(
+            (&a, &ta),
+            (&b, &tb),
+            js.clone(),
+            &mut scratch,
+            |o: u64, x: &[u8], y: &[u8]| {
+                let o = o as usize;
+                assert_eq!(x.len(), y.len());
+                ga[o..o + x.len()].copy_from_slice(x);
+                gb[o..o + y.len()].copy_from_slice(y);
+            },
+        )
         .unwrap();
         all &= took || js.len() < 7;
         if took {

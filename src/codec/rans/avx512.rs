@@ -14,7 +14,7 @@
 //! decoder's.
 
 use super::order0::{decode_from, read_seeds};
-use super::{chunk_range, AdaptivePayload, DecodeTable, DecodeTables};
+use super::{chunk_range, AdaptivePayload, DecodeTable, DecodeTables, PairSink, StageRows};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -290,6 +290,15 @@ fn column<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK], c: usize, r: usize)
     o
 }
 
+/// A stage of one vector as [`StageRows`] (the same layout: `[T; 1]` is
+/// laid out as `T`).
+fn rows(stage: &[[[u32; 16]; 1]; BLOCK]) -> &StageRows {
+    const _: () = assert!(BLOCK == 16);
+    // SAFETY: [[[u32; 16]; 1]; 16] and [[u32; 16]; 16] have the same size,
+    // alignment and element order.
+    unsafe { &*(stage as *const [[[u32; 16]; 1]; BLOCK]).cast::<StageRows>() }
+}
+
 /// A full stage of one vector, transposed: chunk c's 64 symbols of the
 /// [`BLOCK`] rounds in order.
 fn columns<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK]) -> [[u8; 64]; 16] {
@@ -303,19 +312,21 @@ fn columns<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK]) -> [[u8; 64]; 16] 
 
 /// Decodes chunks `js` of two payloads with the same chunking (`a` and
 /// `b` have equal `n` and `k`; the bit-field planes of one frame) in lock
-/// step, handing the symbols of both to `sink(offset, a_symbols,
-/// b_symbols)`, where `offset` counts symbols from the group's first and
-/// both slices have the same length. Together the calls cover every symbol
-/// of the group once, except that a chunk may be handed again, whole,
-/// after a damaged stream (its last call wins). Returns false, having
-/// called nothing, if the group does not suit the SIMD path. `scratch`
-/// holds chunk tails.
-pub(super) fn try_decode_pair<F: FnMut(usize, &[u8], &[u8])>(
+/// step, handing the symbols of both to `sink`, at offsets counted from
+/// `at` for the group's first symbol: full round blocks to
+/// [`PairSink::stage`] (or, if it declines, chunk by chunk to
+/// [`PairSink::run`]), the rest to `run`. Together the calls cover every
+/// symbol of the group once, except that a chunk may be handed again,
+/// whole, after a damaged stream (its last call wins). Returns false,
+/// having called nothing, if the group does not suit the SIMD path.
+/// `scratch` holds chunk tails.
+pub(super) fn try_decode_pair<S: PairSink>(
     a: (&AdaptivePayload<'_>, &DecodeTables),
     b: (&AdaptivePayload<'_>, &DecodeTables),
     js: Range<usize>,
     scratch: &mut Vec<u8>,
-    mut sink: F,
+    at: u64,
+    sink: &mut S,
 ) -> bool {
     let g = js.len();
     if a.0.n != b.0.n || a.0.k != b.0.k || !(1..=16).contains(&g) {
@@ -336,15 +347,19 @@ pub(super) fn try_decode_pair<F: FnMut(usize, &[u8], &[u8])>(
         }
         la.run(r, &mut sa);
         lb.run(r, &mut sb);
+        let off = |c: usize| at + (la.offset(c) + 4 * q) as u64;
         if r == BLOCK {
-            let (ca, cb) = (columns(&sa), columns(&sb));
-            for c in 0..g {
-                sink(la.offset(c) + 4 * q, &ca[c], &cb[c]);
+            let offs: [u64; 16] = std::array::from_fn(|c| off(c.min(g - 1)));
+            if !sink.stage(&offs, g, rows(&sa), rows(&sb)) {
+                let (ca, cb) = (columns(&sa), columns(&sb));
+                for c in 0..g {
+                    sink.run(offs[c], &ca[c], &cb[c]);
+                }
             }
         } else {
             for c in 0..g {
                 let (ca, cb) = (column(&sa, c, r), column(&sb, c, r));
-                sink(la.offset(c) + 4 * q, &ca[..4 * r], &cb[..4 * r]);
+                sink.run(off(c), &ca[..4 * r], &cb[..4 * r]);
             }
         }
         q += r;
@@ -361,57 +376,25 @@ pub(super) fn try_decode_pair<F: FnMut(usize, &[u8], &[u8])>(
         let from = la.finish(c, q, redo, ta);
         lb.finish(c, q, redo, tb);
         let n = la.len(c) - from;
-        sink(la.offset(c) + from, &ta[..n], &tb[..n]);
+        sink.run(at + (la.offset(c) + from) as u64, &ta[..n], &tb[..n]);
     }
     true
 }
 
 /// `cols[c][4t..4t + 4] = rows[t][c]` (little-endian) for a 16 x 16
-/// matrix of u32: 32-bit and 64-bit interleaves within 128-bit lanes, then
-/// a 4 x 4 transpose of the lanes.
+/// matrix of u32 ([`crate::codec::join_avx512::transpose16`]).
 ///
 /// # Safety
 /// AVX-512F available.
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose16(rows: &[[u32; 16]; 16], cols: &mut [[u8; 64]; 16]) {
     // SAFETY: every load and store is of one whole 64-byte row of the two
-    // arrays.
+    // arrays; the caller checked AVX-512F.
     unsafe {
         let r: [__m512i; 16] = std::array::from_fn(|t| _mm512_loadu_si512(rows[t].as_ptr().cast()));
-        // a[2i], a[2i+1]: rows 2i and 2i+1 interleaved by dword.
-        let a: [__m512i; 16] = std::array::from_fn(|k| {
-            let (x, y) = (r[k & !1], r[k | 1]);
-            if k % 2 == 0 {
-                _mm512_unpacklo_epi32(x, y)
-            } else {
-                _mm512_unpackhi_epi32(x, y)
-            }
-        });
-        // b[4i+j], lane L: column 4L+j of rows 4i..4i+4.
-        let b: [__m512i; 16] = std::array::from_fn(|k| {
-            let (i, j) = (k / 4, k % 4);
-            let (x, y) = (a[4 * i + (j >> 1)], a[4 * i + 2 + (j >> 1)]);
-            if j % 2 == 0 {
-                _mm512_unpacklo_epi64(x, y)
-            } else {
-                _mm512_unpackhi_epi64(x, y)
-            }
-        });
-        for j in 0..4 {
-            let [b0, b1, b2, b3] = [b[j], b[4 + j], b[8 + j], b[12 + j]];
-            let c0 = _mm512_shuffle_i32x4::<0x44>(b0, b1);
-            let c1 = _mm512_shuffle_i32x4::<0xEE>(b0, b1);
-            let c2 = _mm512_shuffle_i32x4::<0x44>(b2, b3);
-            let c3 = _mm512_shuffle_i32x4::<0xEE>(b2, b3);
-            let out = [
-                _mm512_shuffle_i32x4::<0x88>(c0, c2),
-                _mm512_shuffle_i32x4::<0xDD>(c0, c2),
-                _mm512_shuffle_i32x4::<0x88>(c1, c3),
-                _mm512_shuffle_i32x4::<0xDD>(c1, c3),
-            ];
-            for (l, v) in out.into_iter().enumerate() {
-                _mm512_storeu_si512(cols[4 * l + j].as_mut_ptr().cast(), v);
-            }
+        let c = crate::codec::join_avx512::transpose16(&r);
+        for (d, v) in cols.iter_mut().zip(c) {
+            _mm512_storeu_si512(d.as_mut_ptr().cast(), v);
         }
     }
 }

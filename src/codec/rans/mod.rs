@@ -64,6 +64,33 @@ pub use order0::{
 };
 pub use order1::decode_method5;
 
+/// One full round block of the paired vector decoder
+/// ([`decode_chunk_pairs`]): `rows[t][c]` holds symbols `4t..4t + 4` of
+/// chunk c, little-endian, so column c holds the chunk's 64 symbols.
+pub type StageRows = [[u32; 16]; 16];
+
+/// Where [`decode_chunk_pairs`] hands the symbols of its two planes.
+pub trait PairSink {
+    /// Symbols of both planes from `offset` (counted from the first
+    /// chunk's first symbol); `a` and `b` have equal lengths.
+    fn run(&mut self, offset: u64, a: &[u8], b: &[u8]);
+
+    /// A full round block: chunk c (`c < chunks`) has its next 64 symbols
+    /// of each plane in column c of `a` and `b`, from `offsets[c]`. Returns
+    /// false to have them handed to [`Self::run`] chunk by chunk instead
+    /// (the default).
+    fn stage(&mut self, offsets: &[u64; 16], chunks: usize, a: &StageRows, b: &StageRows) -> bool {
+        let _ = (offsets, chunks, a, b);
+        false
+    }
+}
+
+impl<F: FnMut(u64, &[u8], &[u8])> PairSink for F {
+    fn run(&mut self, offset: u64, a: &[u8], b: &[u8]) {
+        self(offset, a, b)
+    }
+}
+
 /// Order-0 probability precision (bits).
 pub const PROB_BITS: u32 = 14;
 /// Order-0 frequency-table total, `1 << PROB_BITS`.
