@@ -481,14 +481,6 @@ fn rans_chunks(n: usize, blocks: usize) -> usize {
     blocks.max(1) * (per_block / MIN_CHUNK).clamp(1, rans::CHUNK_GROUP)
 }
 
-/// Chunks for a byte-plane frame. Its rANS planes carry wider alphabets
-/// (f16's high byte has ~90 symbols), whose tables cost more, so chunks are
-/// four times longer than in bit-field frames.
-fn chunks_for(n: usize, elem_bytes: usize) -> usize {
-    let blocks = n.div_ceil(block_elems(elem_bytes)).max(1);
-    blocks * (n / blocks / (4 * MIN_CHUNK)).clamp(1, rans::CHUNK_GROUP)
-}
-
 /// A chunk count k that divides n with chunks of at most `max` and at least
 /// `max / 8` elements, so that zstd blocks of n/k elements and rANS chunks
 /// `floor(j*n/k)` share their boundaries.
@@ -615,8 +607,16 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
 fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     let n = raw.len() / w;
     let planes = split_planes(raw, w);
-    let k = chunks_for(n, w);
-    let outs: Vec<PlaneOut> = planes.par_iter().map(|p| encode_plane(p, k, 1)).collect();
+    // Chunks as in bit-field frames, one table per block: a block's chunks
+    // fill the SIMD decoder's lanes (with the former 64 Ki-symbol chunks,
+    // tensors under 3.5 Mi elements had fewer than 7 per block and were
+    // decoded one chunk at a time).
+    let blocks = n.div_ceil(block_elems(w)).max(1);
+    let k = rans_chunks(n, blocks);
+    let outs: Vec<PlaneOut> = planes
+        .par_iter()
+        .map(|p| encode_plane(p, k, k / blocks))
+        .collect();
     render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
 }
 
