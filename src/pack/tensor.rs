@@ -274,10 +274,15 @@ fn sparse_frame(raw: &[u8], w: usize) -> Option<Vec<u8>> {
 fn xor_byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     let n = raw.len() / w;
     let Some(b) = dividing_chunks(n, block_elems(w)) else {
-        return byteplane_frame(raw, w);
+        // Chunks of 64 Ki symbols with a table each, as when the deltas
+        // were measured against z4ai's (the value frames' chunking below
+        // is finer).
+        let blocks = n.div_ceil(block_elems(w)).max(1);
+        let k = blocks * (n / blocks / (4 * XOR_MIN_CHUNK)).clamp(1, rans::CHUNK_GROUP);
+        return byteplane_frame_with(raw, w, k, 1);
     };
     let planes = split_planes(raw, w);
-    let k = rans_chunks(n, b);
+    let k = rans_chunks(n, b, XOR_MIN_CHUNK);
     let group = k / b;
     let outs: Vec<PlaneOut> = planes
         .par_iter()
@@ -470,15 +475,21 @@ fn hist_o0_bytes(hist: &[u64; 256], len: usize) -> f64 {
     bits / 8.0
 }
 
-/// Smallest rANS chunk worth its frequency table.
-const MIN_CHUNK: usize = 16 << 10;
+/// Shortest rANS chunk in a frame of values. Shorter chunks fill more of
+/// the SIMD decoder's 16 lanes in blocks of small tensors: 16 Ki gave
+/// MiniLM's 384 x 384 matrices 9 chunks a block, 8 Ki gives 16 (MiniLM fp32
+/// decodes about 30% faster, bf16 10%, for under 0.03% more bytes).
+const MIN_CHUNK: usize = 8 << 10;
+/// Shortest rANS chunk in an XOR delta frame: 8 Ki made
+/// `scripts/bench-delta.sh`'s deltas 0.04-0.1% larger, over z4ai's.
+const XOR_MIN_CHUNK: usize = 16 << 10;
 
 /// rANS chunks for `blocks` blocks of `n` elements in total: up to
 /// CHUNK_GROUP per block (the SIMD decoder decodes that many at once), none
-/// shorter than MIN_CHUNK symbols.
-fn rans_chunks(n: usize, blocks: usize) -> usize {
+/// shorter than `min` symbols.
+fn rans_chunks(n: usize, blocks: usize, min: usize) -> usize {
     let per_block = n / blocks.max(1);
-    blocks.max(1) * (per_block / MIN_CHUNK).clamp(1, rans::CHUNK_GROUP)
+    blocks.max(1) * (per_block / min).clamp(1, rans::CHUNK_GROUP)
 }
 
 /// A chunk count k that divides n with chunks of at most `max` and at least
@@ -519,8 +530,14 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
         payload: sign,
     };
     let (x, m) = rayon::join(
-        || encode_plane(&exp, rans_chunks(n, k), rans_chunks(n, k) / k),
-        || mantissa_plane(&mant, 7, rans_chunks(n, k), n.div_ceil(k).max(1)),
+        || {
+            encode_plane(
+                &exp,
+                rans_chunks(n, k, MIN_CHUNK),
+                rans_chunks(n, k, MIN_CHUNK) / k,
+            )
+        },
+        || mantissa_plane(&mant, 7, rans_chunks(n, k, MIN_CHUNK), n.div_ceil(k).max(1)),
     );
     render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
 }
@@ -589,7 +606,13 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
     }
     let block = n / k;
     let (x, m) = rayon::join(
-        || encode_plane(&exp, rans_chunks(n, k), rans_chunks(n, k) / k),
+        || {
+            encode_plane(
+                &exp,
+                rans_chunks(n, k, MIN_CHUNK),
+                rans_chunks(n, k, MIN_CHUNK) / k,
+            )
+        },
         || zstd_blocks_or_stored(&mant, block.max(1)),
     );
     let sign_plane = PlaneOut {
@@ -604,18 +627,25 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
     )
 }
 
+/// Chunks as in bit-field frames, one table per block: a block's chunks
+/// fill the SIMD decoder's lanes (with the former 64 Ki-symbol chunks,
+/// tensors under 3.5 Mi elements had fewer than 7 per block and were
+/// decoded one chunk at a time).
 fn byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
     let n = raw.len() / w;
-    let planes = split_planes(raw, w);
-    // Chunks as in bit-field frames, one table per block: a block's chunks
-    // fill the SIMD decoder's lanes (with the former 64 Ki-symbol chunks,
-    // tensors under 3.5 Mi elements had fewer than 7 per block and were
-    // decoded one chunk at a time).
     let blocks = n.div_ceil(block_elems(w)).max(1);
-    let k = rans_chunks(n, blocks);
+    let k = rans_chunks(n, blocks, MIN_CHUNK);
+    byteplane_frame_with(raw, w, k, k / blocks)
+}
+
+/// A byte-plane frame whose rANS planes have `k` chunks, a table for each
+/// run of `group`.
+fn byteplane_frame_with(raw: &[u8], w: usize, k: usize, group: usize) -> Vec<u8> {
+    let n = raw.len() / w;
+    let planes = split_planes(raw, w);
     let outs: Vec<PlaneOut> = planes
         .par_iter()
-        .map(|p| encode_plane(p, k, k / blocks))
+        .map(|p| encode_plane(p, k, group))
         .collect();
     render_z4ai(Transform::BytePlane(w as u8), &raw[n * w..], &outs)
 }
