@@ -82,26 +82,50 @@ unsafe fn bf16_masked_steps(
     out: &mut [u8],
     steps: usize,
 ) {
-    let word = |w: usize| masks.get(w).copied().unwrap_or(0);
     // SAFETY: the caller checked the CPU features and the bounds.
     unsafe {
-        let low7 = _mm512_set1_epi16(0x7f);
-        let top = _mm512_set1_epi16(0x8000u16 as i16);
         for j in 0..steps {
-            let at = first + 32 * j;
-            let (w, sh) = (at / 64, at % 64);
-            let bits = if sh > 32 {
-                (word(w) >> sh) | (word(w + 1) << (64 - sh))
-            } else {
-                word(w) >> sh
-            };
-            let e = _mm512_cvtepu8_epi16(_mm256_loadu_si256(exp.as_ptr().add(32 * j).cast()));
-            let m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(mant.as_ptr().add(32 * j).cast()));
-            let v = _mm512_or_si512(_mm512_slli_epi16::<7>(e), _mm512_and_si512(m, low7));
-            let v = _mm512_mask_blend_epi16(bits as u32, v, _mm512_or_si512(v, top));
-            _mm512_storeu_si512(out.as_mut_ptr().add(64 * j).cast(), v);
+            let bits = sign_bits(masks, first + 32 * j) as u32;
+            let e = _mm256_loadu_si256(exp.as_ptr().add(32 * j).cast());
+            let m = _mm256_loadu_si256(mant.as_ptr().add(32 * j).cast());
+            join32(e, m, bits, out.as_mut_ptr().add(64 * j));
         }
     }
+}
+
+/// The 64 sign bits of `masks` from bit `at` (element i at bit i % 64 of
+/// `masks[i / 64]`; missing words read as 0).
+#[inline(always)]
+fn sign_bits(masks: &[u64], at: usize) -> u64 {
+    let word = |w: usize| masks.get(w).copied().unwrap_or(0);
+    let (w, sh) = (at / 64, at % 64);
+    if sh == 0 {
+        word(w)
+    } else {
+        (word(w) >> sh) | (word(w + 1) << (64 - sh))
+    }
+}
+
+/// Joins 32 bf16 elements: exponent bytes `e`, mantissa bytes `m` (low 7
+/// bits), sign bit i of `signs`; writes 64 bytes at `dst`.
+///
+/// # Safety
+/// AVX-512F/BW available; `dst` valid for 64 bytes of writes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn join32(e: __m256i, m: __m256i, signs: u32, dst: *mut u8) {
+    let (e, m) = (_mm512_cvtepu8_epi16(e), _mm512_cvtepu8_epi16(m));
+    let v = _mm512_or_si512(
+        _mm512_slli_epi16::<7>(e),
+        _mm512_and_si512(m, _mm512_set1_epi16(0x7f)),
+    );
+    let v = _mm512_mask_blend_epi16(
+        signs,
+        v,
+        _mm512_or_si512(v, _mm512_set1_epi16(0x8000u16 as i16)),
+    );
+    // SAFETY: the caller guarantees 64 writable bytes at `dst`.
+    unsafe { _mm512_storeu_si512(dst.cast(), v) };
 }
 
 /// Joins a full round block of the paired rANS decoder straight from its
@@ -143,7 +167,6 @@ unsafe fn bf16_stage_steps(
     mant: &StageRows,
     out: &mut [u8],
 ) {
-    let word = |w: usize| masks.get(w).copied().unwrap_or(0);
     // SAFETY: the caller checked the CPU features and that every chunk's
     // 128 output bytes are inside `out`; the loads are of whole rows.
     unsafe {
@@ -151,26 +174,17 @@ unsafe fn bf16_stage_steps(
             std::array::from_fn(|t| _mm512_loadu_si512(m[t].as_ptr().cast()))
         };
         let (ec, mc) = (transpose16(&load(exp)), transpose16(&load(mant)));
-        let low7 = _mm512_set1_epi16(0x7f);
-        let top = _mm512_set1_epi16(0x8000u16 as i16);
+        let halves = |v: __m512i| [_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)];
         for c in 0..chunks {
             let o = offsets[c] as usize;
-            // The chunk's 64 sign bits, from bit o.
-            let (w, sh) = (o / 64, o % 64);
-            let bits = if sh == 0 {
-                word(w)
-            } else {
-                (word(w) >> sh) | (word(w + 1) << (64 - sh))
-            };
-            let halves =
-                |v: __m512i| [_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)];
+            let bits = sign_bits(masks, o);
             for (h, (e, m)) in halves(ec[c]).into_iter().zip(halves(mc[c])).enumerate() {
-                let e = _mm512_cvtepu8_epi16(e);
-                let m = _mm512_cvtepu8_epi16(m);
-                let v = _mm512_or_si512(_mm512_slli_epi16::<7>(e), _mm512_and_si512(m, low7));
-                let v =
-                    _mm512_mask_blend_epi16((bits >> (32 * h)) as u32, v, _mm512_or_si512(v, top));
-                _mm512_storeu_si512(out.as_mut_ptr().add(2 * o + 64 * h).cast(), v);
+                join32(
+                    e,
+                    m,
+                    (bits >> (32 * h)) as u32,
+                    out.as_mut_ptr().add(2 * o + 64 * h),
+                );
             }
         }
     }

@@ -278,7 +278,7 @@ fn xor_byteplane_frame(raw: &[u8], w: usize) -> Vec<u8> {
         // were measured against z4ai's (the value frames' chunking below
         // is finer).
         let blocks = n.div_ceil(block_elems(w)).max(1);
-        let k = blocks * (n / blocks / (4 * XOR_MIN_CHUNK)).clamp(1, rans::CHUNK_GROUP);
+        let k = rans_chunks(n, blocks, 4 * XOR_MIN_CHUNK);
         return byteplane_frame_with(raw, w, k, 1);
     };
     let planes = split_planes(raw, w);
@@ -529,15 +529,10 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
         orig_len: sign.len() as u64,
         payload: sign,
     };
+    let chunks = rans_chunks(n, k, MIN_CHUNK);
     let (x, m) = rayon::join(
-        || {
-            encode_plane(
-                &exp,
-                rans_chunks(n, k, MIN_CHUNK),
-                rans_chunks(n, k, MIN_CHUNK) / k,
-            )
-        },
-        || mantissa_plane(&mant, 7, rans_chunks(n, k, MIN_CHUNK), n.div_ceil(k).max(1)),
+        || encode_plane(&exp, chunks, chunks / k),
+        || mantissa_plane(&mant, 7, chunks, n.div_ceil(k).max(1)),
     );
     render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
 }
@@ -605,14 +600,9 @@ fn fp32_frame(raw: &[u8]) -> Vec<u8> {
             .for_each(|(((((b, s), x), a), c), d)| transform::f32_split_into(b, s, x, [a, c, d]));
     }
     let block = n / k;
+    let chunks = rans_chunks(n, k, MIN_CHUNK);
     let (x, m) = rayon::join(
-        || {
-            encode_plane(
-                &exp,
-                rans_chunks(n, k, MIN_CHUNK),
-                rans_chunks(n, k, MIN_CHUNK) / k,
-            )
-        },
+        || encode_plane(&exp, chunks, chunks / k),
         || zstd_blocks_or_stored(&mant, block.max(1)),
     );
     let sign_plane = PlaneOut {
