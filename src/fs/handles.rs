@@ -147,7 +147,17 @@ impl CheckpointFs {
     }
 
     /// Whether `ino` has plain handles passed through to the kernel.
-    fn has_passthrough_opens(&self, ino: u64) -> bool {
+    ///
+    /// The kernel drops an open's io mode before it sends the release, so
+    /// the handles here are a superset of the opens the kernel still
+    /// counts: when an inode has no handle of one mode here, the kernel has
+    /// no open of that mode, and an open in the other mode is safe. A
+    /// staged file is read through the page cache (it becomes an archive
+    /// when it commits), but while a writer's passthrough handle is still
+    /// here (its close is in flight: a reader that opens right after
+    /// `close` returns) the reader is passed through too; the kernel
+    /// answered EIO to the page-cache open otherwise.
+    pub(super) fn has_passthrough_opens(&self, ino: u64) -> bool {
         self.handles
             .read()
             .values()

@@ -193,10 +193,16 @@ impl CheckpointFs {
                 // A staged file becomes an archive (served through the page
                 // cache) when it is compressed, under the same inode; the
                 // kernel refuses (EIO) an open whose io mode differs from
-                // opens still in flight on that inode, so staged files are
-                // never passed through.
-                let staged = matches!(inode.kind(), NodeKind::Staged { .. });
-                let passthrough = whole && !staged && !self.has_cached_opens(ino);
+                // opens still in flight on that inode, so a staged file is
+                // read through the page cache, unless a writer's
+                // passthrough handle may still be open in the kernel (see
+                // `has_passthrough_opens`).
+                let passthrough = whole
+                    && !self.has_cached_opens(ino)
+                    && match inode.kind() {
+                        NodeKind::Staged { .. } => self.has_passthrough_opens(ino),
+                        _ => true,
+                    };
                 Ok(self.plain_handle_of(ino, file, None, passthrough, flags, remote))
             }
             NodeKind::Archive => {
