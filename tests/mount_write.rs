@@ -185,7 +185,7 @@ fn a_reader_right_after_a_writer_while_children_are_spawned() {
     for i in 0..150u8 {
         // From the archive each round: the write copies it up.
         m.wait_committed(60);
-        let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
         f.write_all_at(&[i; 300], at as u64).unwrap();
         drop(f);
         want[at..at + 300].fill(i);
