@@ -55,6 +55,18 @@ fn setup(n: usize, scale: usize) -> (tempfile::TempDir, Vec<u8>) {
     (d, target)
 }
 
+/// `ckptfs pack DIR/target.safetensors --base BASE -o OUT`; its output.
+fn pack_delta(dir: &Path, base: &Path, out: &Path) -> String {
+    ok(&[
+        "pack",
+        s(&dir.join("target.safetensors")),
+        "--base",
+        s(base),
+        "-o",
+        s(out),
+    ])
+}
+
 fn unpack(delta: &Path) -> Vec<u8> {
     let out = delta.with_extension("out");
     ok(&["unpack", s(delta), "-o", s(&out), "--force"]);
@@ -88,14 +100,7 @@ fn a_delta_against_a_zstn_or_a_safetensors_unpacks_exact_and_z4ai_reads_it() {
     ok(&["pack", s(&p("target.safetensors")), "-o", s(&standalone)]);
     for base in ["base.zstn", "base.safetensors"] {
         let out = p(&format!("t-{base}.z4dm"));
-        let msg = ok(&[
-            "pack",
-            s(&p("target.safetensors")),
-            "--base",
-            s(&p(base)),
-            "-o",
-            s(&out),
-        ]);
+        let msg = pack_delta(d.path(), &p(base), &out);
         assert!(msg.contains("DELTA") && msg.contains("COPY"), "{msg}");
         assert_eq!(unpack(&out), target, "against {base}");
         let v = ok(&["verify", s(&out)]);
@@ -131,6 +136,58 @@ fn an_identical_reupload_costs_almost_nothing() {
     z4ai_decodes(&out, &p("base.safetensors"), &p("base.safetensors"));
 }
 
+/// Deltas written before trailer version 2 (doc/FORMAT.md §6) still read:
+/// the same delta with its trailer rendered as version 1 (a digest per
+/// record, offsets and block ends in full) unpacks exact, verifies, and a
+/// damaged record head is still refused; version 2 is the smaller.
+#[test]
+fn a_version_1_trailer_still_reads() {
+    use ckptfs::format::delta::{parse_record, DeltaKind, Trailer};
+    use ckptfs::format::digest::xxh3_64;
+    let (d, target) = setup(4, 1 << 18);
+    let p = |n: &str| d.path().join(n);
+    let v2 = p("t.z4dm");
+    pack_delta(d.path(), &p("base.zstn"), &v2);
+    let bytes = std::fs::read(&v2).unwrap();
+    let t = Trailer::find(&bytes).unwrap().unwrap();
+    assert!(t.records_digest.is_some(), "pack writes version 2");
+    let body = &bytes[..t.z4dm_len as usize];
+    let mut old = t.clone();
+    old.records_digest = None;
+    for u in &mut old.units {
+        let r = parse_record(body, u.record_offset as usize).unwrap();
+        let head_end = if r.kind == DeltaKind::Copy {
+            r.end_offset
+        } else {
+            r.frame.start
+        };
+        u.record_digest = xxh3_64(&body[u.record_offset as usize..head_end]);
+    }
+    let trailer = old.render();
+    assert_eq!(u16::from_le_bytes([trailer[4], trailer[5]]), 1);
+    let mut v1_bytes = body.to_vec();
+    v1_bytes.extend_from_slice(&trailer);
+    assert!(
+        v1_bytes.len() > bytes.len(),
+        "version 1 {} against version 2 {}",
+        v1_bytes.len(),
+        bytes.len()
+    );
+    let v1 = p("t1.z4dm");
+    std::fs::write(&v1, &v1_bytes).unwrap();
+    assert_eq!(unpack(&v1), target);
+    let v = ok(&["verify", s(&v1)]);
+    assert!(v.contains("OK"), "{v}");
+    // A flipped byte in the first record's name: version 1's per-record
+    // digest refuses it, as version 2's digest of all records does.
+    let name_at = t.units[0].record_offset as usize + 2;
+    for (file, mut b) in [(&v1, v1_bytes), (&v2, bytes)] {
+        b[name_at] ^= 0x01;
+        let e = ckptfs::archive::from_bytes(b, file).err().expect("refused");
+        assert!(e.to_string().contains("checksum mismatch"), "{e}");
+    }
+}
+
 #[test]
 fn chains_are_bounded_and_pack_rebases_past_the_limit() {
     let (d, target) = setup(3, 1 << 16);
@@ -139,14 +196,7 @@ fn chains_are_bounded_and_pack_rebases_past_the_limit() {
     let mut prev = p("base.zstn");
     for i in 1..=4 {
         let out = p(&format!("c{i}.z4dm"));
-        let msg = ok(&[
-            "pack",
-            s(&p("target.safetensors")),
-            "--base",
-            s(&prev),
-            "-o",
-            s(&out),
-        ]);
+        let msg = pack_delta(d.path(), &prev, &out);
         assert!(msg.contains(&format!("chain depth {i}")), "{msg}");
         assert_eq!(unpack(&out), target);
         prev = out;
@@ -188,14 +238,7 @@ fn a_missing_or_different_base_is_one_line_naming_both_files() {
     let (d, _) = setup(3, 1 << 16);
     let p = |n: &str| d.path().join(n);
     let delta = p("t.z4dm");
-    ok(&[
-        "pack",
-        s(&p("target.safetensors")),
-        "--base",
-        s(&p("base.zstn")),
-        "-o",
-        s(&delta),
-    ]);
+    pack_delta(d.path(), &p("base.zstn"), &delta);
     std::fs::rename(p("base.zstn"), p("moved.zstn")).unwrap();
     let e = fails(&["unpack", s(&delta), "-o", s(&p("x.safetensors"))]);
     assert!(e.contains("t.z4dm") && e.contains("base.zstn"), "{e}");
@@ -266,14 +309,7 @@ fn a_damaged_delta_never_serves_wrong_bytes() {
     let (d, target) = setup(3, 1 << 13);
     let p = |n: &str| d.path().join(n);
     let delta = p("t.z4dm");
-    ok(&[
-        "pack",
-        s(&p("target.safetensors")),
-        "--base",
-        s(&p("base.zstn")),
-        "-o",
-        s(&delta),
-    ]);
+    pack_delta(d.path(), &p("base.zstn"), &delta);
     let bytes = std::fs::read(&delta).unwrap();
     let at: PathBuf = p("damaged.z4dm");
     let mut detected = 0;
@@ -301,14 +337,7 @@ fn a_damaged_base_never_serves_wrong_bytes() {
     let (d, target) = setup(3, 1 << 13);
     let p = |n: &str| d.path().join(n);
     let delta = p("t.z4dm");
-    ok(&[
-        "pack",
-        s(&p("target.safetensors")),
-        "--base",
-        s(&p("base.zstn")),
-        "-o",
-        s(&delta),
-    ]);
+    pack_delta(d.path(), &p("base.zstn"), &delta);
     let base = std::fs::read(p("base.zstn")).unwrap();
     let step = (base.len() / 300).max(1);
     for i in (0..base.len()).step_by(step) {
@@ -332,14 +361,7 @@ fn blocks_decoded_while_the_base_is_checked_are_exact_or_errors() {
     let (d, target) = setup(3, 1 << 13);
     let p = |n: &str| d.path().join(n);
     let delta = p("t.z4dm");
-    ok(&[
-        "pack",
-        s(&p("target.safetensors")),
-        "--base",
-        s(&p("base.safetensors")),
-        "-o",
-        s(&delta),
-    ]);
+    pack_delta(d.path(), &p("base.safetensors"), &delta);
     let a = ckptfs::archive::open(&delta).unwrap();
     assert!(a.check_pending(), "not checked before the first data read");
     a.check_range(0, 0..a.logical_len(0)).unwrap();

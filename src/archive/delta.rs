@@ -403,6 +403,7 @@ impl DeltaArchive {
             )));
         }
         let mut records = Vec::with_capacity(trailer.units.len());
+        let mut heads = Vec::with_capacity(trailer.units.len());
         let mut at = head.records_start as u64;
         let mut data_pos = 0u64;
         for (i, u) in trailer.units.iter().enumerate() {
@@ -421,9 +422,11 @@ impl DeltaArchive {
             } else {
                 r.frame.start
             };
-            if xxh3_64(&body[at as usize..meta_end]) != u.record_digest {
+            let digest = xxh3_64(&body[at as usize..meta_end]);
+            if trailer.records_digest.is_none() && digest != u.record_digest {
                 return Err(bad(format!("record {:?}: checksum mismatch", r.name)));
             }
+            heads.push(digest);
             if r.begin != data_pos || r.end < r.begin || r.end > head.data_len {
                 return Err(bad(format!(
                     "record {:?}: bytes [{}, {}) do not continue the data buffer at {data_pos}",
@@ -433,6 +436,14 @@ impl DeltaArchive {
             data_pos = r.end;
             at = r.end_offset as u64;
             records.push(r);
+        }
+        if trailer
+            .records_digest
+            .is_some_and(|d| d != delta::records_digest(heads))
+        {
+            return Err(bad(
+                "checksum mismatch in the Z4DM records (names, spans, kinds or lengths)".into(),
+            ));
         }
         if at != trailer.z4dm_len || data_pos != head.data_len {
             return Err(bad(

@@ -246,6 +246,7 @@ pub fn pack_delta(
         ..Default::default()
     };
     let mut units = Vec::with_capacity(order.len());
+    let mut heads = Vec::with_capacity(order.len());
     // The base's whole-content digests (z4ai's BLAKE2b of its data buffer
     // for the head, xxh3 for the trailer) are serial passes: they run
     // beside the first window's encoding, and the head is written after.
@@ -325,11 +326,12 @@ pub fn pack_delta(
                 DeltaKind::Delta => stats.delta += 1,
                 DeltaKind::Full => stats.full += 1,
             }
+            heads.push(xxh3_64(&rh));
             let len = (rh.len() + e.frame.len()) as u64;
             units.push(UnitEntry {
                 record_offset: offset,
                 record_len: len,
-                record_digest: xxh3_64(&rh),
+                record_digest: 0,
                 frame_digest: e.unit.frame,
                 meta_digest: e.unit.meta,
                 blocks: e.unit.blocks,
@@ -351,6 +353,7 @@ pub fn pack_delta(
         base_digest,
         base_fingerprint: base.fingerprint,
         base_path: base.rel_path.clone(),
+        records_digest: Some(delta::records_digest(heads)),
         units,
     }
     .render();
