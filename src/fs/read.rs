@@ -196,13 +196,20 @@ impl CheckpointFs {
                 // opens still in flight on that inode, so a staged file is
                 // read through the page cache, unless a writer's
                 // passthrough handle may still be open in the kernel (see
-                // `has_passthrough_opens`).
+                // `has_passthrough_opens`). Such a reader is put in the
+                // handle table under `ns`: a commit looks for open handles
+                // under `ns` before the file becomes an archive, so it sees
+                // this one, or it is done and the open starts again.
+                let kind = inode.kind();
+                let staged = matches!(kind, NodeKind::Staged { .. });
+                let _ns =
+                    (staged && whole && self.has_passthrough_opens(ino)).then(|| self.ns.lock());
+                if _ns.is_some() && inode.kind() != kind {
+                    return Err(FsError::Stale);
+                }
                 let passthrough = whole
                     && !self.has_cached_opens(ino)
-                    && match inode.kind() {
-                        NodeKind::Staged { .. } => self.has_passthrough_opens(ino),
-                        _ => true,
-                    };
+                    && (!staged || _ns.is_some() && self.has_passthrough_opens(ino));
                 Ok(self.plain_handle_of(ino, file, None, passthrough, flags, remote))
             }
             NodeKind::Archive => {
