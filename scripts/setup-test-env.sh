@@ -40,8 +40,9 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}"
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
+# A venv cut short (an interrupted run) has python but no pip: made anew.
+if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
+  python3 -m venv --clear "$VENV"
 fi
 stamp="$VENV/.ckptfs-requirements"
 if ! cmp -s scripts/requirements-test.txt "$stamp"; then
