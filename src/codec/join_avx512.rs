@@ -279,15 +279,12 @@ unsafe fn widen(p: &[u8], j: usize) -> __m512i {
 mod tests {
     use crate::codec::transform::{bitfield_join, bitfield_split, BFLOAT16, FLOAT32};
 
-    /// The vector bodies give the bytes of the portable loops: a join of
-    /// every start position and length around the step sizes equals the
-    /// original elements (the split is the portable reference).
+    /// The joins give the original elements: a join of every start
+    /// position and length around the step sizes equals them (the split is
+    /// the portable reference). On an AVX-512 CPU this checks the vector
+    /// bodies, elsewhere the portable loops that replace them.
     #[test]
     fn vector_joins_match_the_elements_at_every_offset() {
-        assert!(
-            super::available(),
-            "this test needs an AVX-512 CPU (the CI machine has one)"
-        );
         for spec in [BFLOAT16, FLOAT32] {
             let eb = spec.elem_bytes();
             let n = 200;
@@ -324,11 +321,12 @@ mod tests {
     /// A round block joined from the decoder's stages equals each chunk's
     /// column joined alone, for chunks at any offsets (sign bits that
     /// straddle mask words), and a chunk reaching past `out` is refused
-    /// before anything is written.
+    /// before anything is written. Without AVX-512 the stage join declines
+    /// and writes nothing (the decoder then joins column by column).
     #[test]
     fn stage_join_matches_joining_each_column() {
         use crate::codec::transform::{bf16_join_masked, bf16_join_stage};
-        assert!(super::available(), "this test needs an AVX-512 CPU");
+        let vector = super::available();
         let mut x = 0x1234_5678_9ABC_DEF0u64;
         let mut next = move || {
             x ^= x << 13;
@@ -348,9 +346,10 @@ mod tests {
                 std::array::from_fn(|c| (round * 7 + 100 * c.min(chunks - 1)) as u64);
             let n = offsets[chunks - 1] as usize + 64;
             let mut got = vec![0u8; 2 * n];
-            assert!(bf16_join_stage(
-                &masks, &offsets, chunks, &exp, &mant, &mut got
-            ));
+            assert_eq!(
+                bf16_join_stage(&masks, &offsets, chunks, &exp, &mant, &mut got),
+                vector
+            );
             let mut want = vec![0u8; 2 * n];
             for c in 0..chunks {
                 let col = |m: &super::StageRows| -> Vec<u8> {
@@ -365,7 +364,11 @@ mod tests {
                     &mut want[2 * o..2 * o + 128],
                 );
             }
-            assert_eq!(got, want, "round {round}");
+            if vector {
+                assert_eq!(got, want, "round {round}");
+            } else {
+                assert!(got.iter().all(|&b| b == 0), "declined, yet wrote");
+            }
             let mut short = vec![0xEEu8; 2 * n - 2];
             assert!(!bf16_join_stage(
                 &masks, &offsets, chunks, &exp, &mant, &mut short
