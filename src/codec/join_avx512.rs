@@ -96,7 +96,7 @@ unsafe fn bf16_masked_steps(
 /// The 64 sign bits of `masks` from bit `at` (element i at bit i % 64 of
 /// `masks[i / 64]`; missing words read as 0).
 #[inline(always)]
-fn sign_bits(masks: &[u64], at: usize) -> u64 {
+pub(super) fn sign_bits(masks: &[u64], at: usize) -> u64 {
     let word = |w: usize| masks.get(w).copied().unwrap_or(0);
     let (w, sh) = (at / 64, at % 64);
     if sh == 0 {

@@ -18,6 +18,8 @@ pub mod blxd;
 pub mod buffers;
 pub mod frame;
 #[cfg(target_arch = "x86_64")]
+mod join_avx2;
+#[cfg(target_arch = "x86_64")]
 mod join_avx512;
 pub mod plane;
 pub mod rans;

@@ -322,6 +322,8 @@ pub fn bf16_join_masked(masks: &[u64], first: usize, exp: &[u8], mant: &[u8], ou
     #[cfg(target_arch = "x86_64")]
     if super::join_avx512::available() {
         done = super::join_avx512::bf16_masked_body(masks, first, exp, mant, out);
+    } else if super::join_avx2::available() {
+        done = super::join_avx2::bf16_masked_body(masks, first, exp, mant, out);
     }
     for i in done..n {
         let at = first + i;

@@ -11,9 +11,9 @@
 //! covers symbols `[j*n/k, (j+1)*n/k)`; the SIMD and scalar decoders give the
 //! same output and the same errors.
 
-#[cfg(target_arch = "x86_64")]
-use super::avx512;
 use super::order0::{encode_chunks, ENC_GROUP};
+#[cfg(target_arch = "x86_64")]
+use super::vector;
 use super::{
     check_table_sum, chunk_range, decode_stream_with, histogram, length_mismatch, normalize_freqs,
     normalize_freqs_to, out_len_is_large, rans_err, read_freq_table, zstd_decode_first_frame,
@@ -211,10 +211,10 @@ impl AdaptivePayload<'_> {
     /// Decode at most [`CHUNK_GROUP`] consecutive chunks (checked by the caller).
     fn decode_group(&self, js: Range<usize>, tables: &DecodeTables, out: &mut [u8]) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
-        if js.len() >= avx512::MIN_CHUNKS && avx512::available() {
+        if js.len() >= vector::MIN_CHUNKS && vector::available() {
             // One 16-lane vector per group (two interleaved vectors, NV = 2,
             // measured slower: the kernel is gather-throughput bound).
-            if avx512::try_decode_group::<1>(self, js.clone(), tables, out) {
+            if vector::try_decode_group::<1>(self, js.clone(), tables, out) {
                 return Ok(());
             }
         }
@@ -259,7 +259,7 @@ pub fn decode_chunk_pairs(
 ) -> Result<bool> {
     #[cfg(target_arch = "x86_64")]
     {
-        if a.0.n != b.0.n || a.0.k != b.0.k || js.is_empty() || !avx512::available() {
+        if a.0.n != b.0.n || a.0.k != b.0.k || js.is_empty() || !vector::available() {
             return Ok(false);
         }
         for (p, t) in [a, b] {
@@ -273,11 +273,11 @@ pub fn decode_chunk_pairs(
         }
         let lo = a.0.span(&js).start;
         for g in chunk_groups(&js) {
-            if g.len() < avx512::MIN_CHUNKS {
+            if g.len() < vector::MIN_CHUNKS {
                 return Ok(false);
             }
             let at = a.0.span(&g).start - lo;
-            let ok = avx512::try_decode_pair(a, b, g, scratch, at, &mut sink);
+            let ok = vector::try_decode_pair(a, b, g, scratch, at, &mut sink);
             if !ok {
                 return Ok(false);
             }

@@ -523,7 +523,7 @@ proptest! {
             // declines elsewhere (each plane is then decoded alone).
             prop_assert_eq!(
                 check_chunk_pairs(&pe, &pm)?,
-                crate::codec::rans::avx512::available(),
+                crate::codec::rans::vector::available(),
                 "valid planes take the paired path exactly where the CPU has it"
             );
             return Ok(());

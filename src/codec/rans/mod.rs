@@ -27,7 +27,8 @@
 //! * `order0.rs`: the 4-lane order-0 stream coder and plane method 3;
 //! * `adaptive.rs`: plane method 4 (per-chunk tables, multi-chunk decoding;
 //!   the payload layout, `AdaptivePayload`, is parsed in `format::plane`);
-//! * `avx512.rs`: the AVX-512 decoder of method-4 chunk groups (x86-64 only);
+//! * `vector.rs`: the vector decoder of method-4 chunk groups (x86-64 only)
+//!   and its AVX-512 kernel; `avx2.rs`: its AVX2 kernel;
 //! * `enc_avx512.rs`: its mirror, the AVX-512 encoder of up to 16 chunks at
 //!   once (output identical to the scalar encoder's);
 //! * `order1.rs`: the order-1 decoder, plane method 5.
@@ -43,7 +44,7 @@ use crate::format::plane::{chunk_offsets, chunk_range, CHUNK_FLAG};
 
 mod adaptive;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod enc_avx512;
 mod model;
@@ -51,6 +52,8 @@ mod order0;
 mod order1;
 #[cfg(test)]
 mod test_util;
+#[cfg(target_arch = "x86_64")]
+mod vector;
 
 pub use crate::format::plane::{AdaptivePayload, CHUNK_GROUP};
 pub use adaptive::{

@@ -1,9 +1,15 @@
-//! AVX-512 order-0 decoding of up to 16 chunks at once: vector lane c
+//! Vector order-0 decoding of up to 16 chunks at once: vector lane c
 //! holds chunk c's state for rANS lane l (four state vectors), one
 //! position vector holds each chunk's stream position. A round decodes
 //! lanes 0..3 of every chunk: gather the slot's symbol, gather the
-//! symbol's (freq, cum), update, and renormalise by gathering 4 stream
-//! bytes at the chunk's position and shifting in 0, 1 or 2 of them.
+//! symbol's (freq, cum), update, and renormalise by shifting in 0, 1 or 2
+//! bytes of an 8-byte window gathered once per round at each chunk's
+//! position.
+//!
+//! Two kernels run the rounds: AVX-512 (one 16-lane vector, here) and
+//! AVX2 (two 8-lane vectors, `avx2.rs`), whichever the CPU has; the set-up,
+//! the tails and the checks around them (this file) are shared, and both
+//! write the same stages, so everything downstream is the same.
 //!
 //! Invariants: used only after a runtime CPU-feature check; a group that
 //! does not suit (short chunks, bad seeds, huge streams) is refused before
@@ -24,11 +30,12 @@ pub(super) const MIN_CHUNKS: usize = 7;
 /// Chunks shorter than this go to the scalar decoder.
 const MIN_LEN: usize = 64;
 /// Rounds (4 symbols per chunk) per kernel call.
-const BLOCK: usize = 16;
+pub(super) const BLOCK: usize = 16;
 const STRIDE: usize = std::mem::size_of::<DecodeTable>();
 const _: () = assert!(STRIDE.is_multiple_of(4) && STRIDE >= super::PROB_SCALE as usize + 4);
 
-pub(super) fn available() -> bool {
+/// Whether the AVX-512 kernel runs here.
+fn has_avx512() -> bool {
     static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     crate::codec::cpu_check(&HAVE, || {
         is_x86_feature_detected!("avx512f")
@@ -38,10 +45,15 @@ pub(super) fn available() -> bool {
     })
 }
 
-struct State<const NV: usize> {
-    x: [[[u32; 16]; 4]; NV],
-    pos: [[i32; 16]; NV],
-    symoff: [[i32; 16]; NV],
+/// Whether one of the kernels runs here (AVX-512 or AVX2).
+pub(super) fn available() -> bool {
+    has_avx512() || super::avx2::available()
+}
+
+pub(super) struct State<const NV: usize> {
+    pub(super) x: [[[u32; 16]; 4]; NV],
+    pub(super) pos: [[i32; 16]; NV],
+    pub(super) symoff: [[i32; 16]; NV],
 }
 
 /// One group of chunks of a payload set up for the kernel: every lane's
@@ -182,6 +194,15 @@ impl<'a, 'p, const NV: usize> Lanes<'a, 'p, NV> {
         // (STRIDE >= 16384 + 4, repr(C)); (2) T.fc[s], s < 256; and (3) 4
         // bytes at streams[pos[c]..], below `lim` by `safe` (asserted).
         unsafe {
+            if !has_avx512() {
+                use super::avx2::kernel as k2;
+                match self.mode {
+                    Mode::Uniform(bits) => k2::<NV, UNIFORM>(tabs, streams, st, b, stage, bits),
+                    Mode::Packed => k2::<NV, PACKED>(tabs, streams, st, b, stage, 0),
+                    Mode::Tables => k2::<NV, TABLES>(tabs, streams, st, b, stage, 0),
+                }
+                return;
+            }
             match self.mode {
                 Mode::Uniform(bits) => kernel::<NV, UNIFORM>(tabs, streams, st, b, stage, bits),
                 Mode::Packed => kernel::<NV, PACKED>(tabs, streams, st, b, stage, 0),
@@ -304,9 +325,16 @@ fn rows(stage: &[[[u32; 16]; 1]; BLOCK]) -> &StageRows {
 fn columns<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK]) -> [[u8; 64]; 16] {
     let rows: [[u32; 16]; BLOCK] = std::array::from_fn(|t| stage[t][0]);
     let mut cols = [[0u8; 64]; 16];
-    // SAFETY: `available()` was checked before any stage was filled; the
-    // function reads and writes only these two local arrays.
-    unsafe { transpose16(&rows, &mut cols) };
+    // SAFETY: `available()` was checked before any stage was filled (so
+    // the CPU has AVX-512, or else AVX2); both read and write only these
+    // two local arrays.
+    unsafe {
+        if has_avx512() {
+            transpose16(&rows, &mut cols)
+        } else {
+            super::avx2::transpose16(&rows, &mut cols)
+        }
+    };
     cols
 }
 
@@ -409,9 +437,9 @@ enum Mode {
     /// A gather of `sym[slot]`, then one of `fc[sym]`.
     Tables,
 }
-const UNIFORM: u8 = 0;
-const PACKED: u8 = 1;
-const TABLES: u8 = 2;
+pub(super) const UNIFORM: u8 = 0;
+pub(super) const PACKED: u8 = 1;
+pub(super) const TABLES: u8 = 2;
 
 /// Decode `rounds` rounds (4 symbols of each of 16 chunks) into
 /// `stage[t][c]` (chunk c's 4 symbols of round t, little-endian).
@@ -577,8 +605,8 @@ unsafe fn kernel<const NV: usize, const MODE: u8>(
 #[cfg(test)]
 mod tests {
     /// On an AVX-512 CPU, the transpose; elsewhere this code never runs
-    /// (every caller is behind `available()`), and what is checked is that
-    /// `available()` says so.
+    /// (every caller is behind `has_avx512()`), and what is checked is that
+    /// `has_avx512()` says so.
     #[test]
     fn transpose16_transposes() {
         let cpu = is_x86_feature_detected!("avx512f")
@@ -587,12 +615,12 @@ mod tests {
             && is_x86_feature_detected!("avx512vbmi");
         if !cpu {
             assert!(
-                !super::available(),
-                "the vector decoder on a CPU without it"
+                !super::has_avx512(),
+                "the AVX-512 kernel on a CPU without it"
             );
             return;
         }
-        assert!(super::available());
+        assert!(super::has_avx512());
         let rows: [[u32; 16]; 16] =
             std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
         let mut cols = [[0u8; 64]; 16];

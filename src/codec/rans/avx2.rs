@@ -1,0 +1,289 @@
+//! The AVX2 kernel of the vector order-0 decoder (`vector.rs`): the same
+//! rounds as its AVX-512 kernel, each 16-lane vector held as two 8-lane
+//! halves, for CPUs without AVX-512 (AMD before Zen 4, Intel client
+//! cores). Where AVX-512 has instructions AVX2 lacks, this kernel does:
+//!
+//! * renormalisation byte counts by unsigned compares instead of `lzcnt`;
+//! * each chunk's 8-byte stream window, gathered once per round, kept
+//!   big-endian in 64-bit lanes and read at the lane's offset by a 64-bit
+//!   variable shift (instead of a two-register byte permute). The window
+//!   gathers take chunks {0, 1, 4, 5} and {2, 3, 6, 7} of a half, so that
+//!   one `shuffle_ps` of the high words puts chunks 0..7 back in order.
+//!
+//! Output, states and positions equal the AVX-512 kernel's and so the
+//! scalar decoder's (the shared tests compare them on this CPU).
+
+use super::vector::{State, BLOCK, PACKED, TABLES, UNIFORM};
+use super::DecodeTable;
+use std::arch::x86_64::*;
+
+/// Whether the CPU has AVX2.
+pub(super) fn available() -> bool {
+    static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    crate::codec::cpu_check(&HAVE, || is_x86_feature_detected!("avx2"))
+}
+
+/// Decode `rounds` rounds (4 symbols of each of 16 chunks per vector)
+/// into `stage[t][v][c]` (chunk c's 4 symbols of round t, little-endian):
+/// the AVX-512 kernel's contract (`vector::kernel`), with AVX2.
+///
+/// # Safety
+/// AVX2 available; `tabs` points at consecutive `DecodeTable`s such that
+/// `tabs + st.symoff[v][c]` is one for every lane; every state is at least
+/// `RANS_L`; for every lane, `streams + pos[v][c] .. + 8*rounds + 2` is
+/// readable; `rounds <= BLOCK`.
+#[target_feature(enable = "avx2")]
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn kernel<const NV: usize, const MODE: u8>(
+    tabs: *const u8,
+    streams: *const u8,
+    st: &mut State<NV>,
+    rounds: usize,
+    stage: &mut [[[u32; 16]; NV]; BLOCK],
+    bits: u32,
+) {
+    // SAFETY: every load and store is of 8 u32 inside the arrays of `st`
+    // and `stage`; the gathers stay in bounds per the contract.
+    unsafe {
+        let fc_tabs = tabs.add(std::mem::offset_of!(DecodeTable, fc));
+        let packed_tabs = tabs.add(std::mem::offset_of!(DecodeTable, packed));
+        let ld = |p: *const u32| _mm256_loadu_si256(p.cast());
+        let ldi = |p: *const i32| _mm256_loadu_si256(p.cast());
+        // Half h = 2v + k is lanes 8k..8k + 8 of vector v.
+        let symoff: [[__m256i; 2]; NV] =
+            std::array::from_fn(|v| std::array::from_fn(|k| ldi(st.symoff[v][8 * k..].as_ptr())));
+        let fcoff: [[__m256i; 2]; NV] =
+            std::array::from_fn(|v| std::array::from_fn(|k| _mm256_srli_epi32::<2>(symoff[v][k])));
+        let mut x: [[[__m256i; 2]; 4]; NV] = std::array::from_fn(|v| {
+            std::array::from_fn(|l| std::array::from_fn(|k| ld(st.x[v][l][8 * k..].as_ptr())))
+        });
+        let mut pos: [[__m256i; 2]; NV] =
+            std::array::from_fn(|v| std::array::from_fn(|k| ldi(st.pos[v][8 * k..].as_ptr())));
+        let m3ffc = _mm256_set1_epi32(0x3FFC);
+        let m12 = _mm256_set1_epi32(0xFFF);
+        let one = _mm256_set1_epi32(1);
+        let three = _mm256_set1_epi32(3);
+        let m14 = _mm256_set1_epi32(0x3FFF);
+        let m8 = _mm256_set1_epi32(0xFF);
+        let m16 = _mm256_set1_epi32(0xFFFF);
+        let below23 = _mm256_set1_epi32((1 << 23) - 1);
+        let below15 = _mm256_set1_epi32((1 << 15) - 1);
+        let c32 = _mm256_set1_epi32(32);
+        let zero = _mm256_setzero_si256();
+        let ub = bits.clamp(1, 8) as i32;
+        let fbits = _mm_cvtsi32_si128(14 - ub);
+        let umask = _mm256_set1_epi32((1 << ub) - 1);
+        let fmask = _mm256_set1_epi32((1 << (14 - ub)) - 1);
+        // Chunks {0, 1, 4, 5, 2, 3, 6, 7}: the window gathers' order.
+        let split = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        // Byte swap of each 64-bit lane (little-endian load -> big-endian).
+        let bswap64 = _mm256_setr_epi8(
+            7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 15, 14,
+            13, 12, 11, 10, 9, 8,
+        );
+        for row in stage.iter_mut().take(rounds) {
+            let pos0 = pos;
+            // Each chunk's 8 stream bytes from its round-start position,
+            // big-endian: [chunks 0, 1, 4, 5] and [2, 3, 6, 7].
+            let win: [[[__m256i; 2]; 2]; NV] = std::array::from_fn(|v| {
+                std::array::from_fn(|k| {
+                    let p = _mm256_permutevar8x32_epi32(pos0[v][k], split);
+                    let g = |i: __m128i| _mm256_shuffle_epi8(gather8(streams, i), bswap64);
+                    [
+                        g(_mm256_castsi256_si128(p)),
+                        g(_mm256_extracti128_si256::<1>(p)),
+                    ]
+                })
+            });
+            let mut s = [[[zero; 2]; 4]; NV];
+            for l in 0..4 {
+                for v in 0..NV {
+                    for k in 0..2 {
+                        let xv = x[v][l][k];
+                        let (sy, y) = if MODE == UNIFORM {
+                            let sy = _mm256_and_si256(_mm256_srl_epi32(xv, fbits), umask);
+                            let y = _mm256_or_si256(
+                                _mm256_sll_epi32(_mm256_srli_epi32::<14>(xv), fbits),
+                                _mm256_and_si256(xv, fmask),
+                            );
+                            (sy, y)
+                        } else if MODE == PACKED {
+                            // e = sym | (freq/4 - 1) << 8 | (slot/4 - cum/4) << 20
+                            let e = _mm256_i32gather_epi32::<1>(
+                                packed_tabs.cast(),
+                                _mm256_add_epi32(_mm256_and_si256(xv, m3ffc), symoff[v][k]),
+                            );
+                            let f4 = _mm256_add_epi32(
+                                _mm256_and_si256(_mm256_srli_epi32::<8>(e), m12),
+                                one,
+                            );
+                            let bias = _mm256_add_epi32(
+                                _mm256_and_si256(_mm256_srli_epi32::<18>(e), m3ffc),
+                                _mm256_and_si256(xv, three),
+                            );
+                            let y = _mm256_add_epi32(
+                                _mm256_slli_epi32::<2>(_mm256_mullo_epi32(
+                                    f4,
+                                    _mm256_srli_epi32::<14>(xv),
+                                )),
+                                bias,
+                            );
+                            (_mm256_and_si256(e, m8), y)
+                        } else {
+                            debug_assert_eq!(MODE, TABLES);
+                            let slot = _mm256_and_si256(xv, m14);
+                            let sw = _mm256_i32gather_epi32::<1>(
+                                tabs.cast(),
+                                _mm256_add_epi32(slot, symoff[v][k]),
+                            );
+                            let sy = _mm256_and_si256(sw, m8);
+                            let fc = _mm256_i32gather_epi32::<4>(
+                                fc_tabs.cast(),
+                                _mm256_add_epi32(sy, fcoff[v][k]),
+                            );
+                            let freq = _mm256_and_si256(fc, m16);
+                            let cum = _mm256_srli_epi32::<16>(fc);
+                            let y = _mm256_add_epi32(
+                                _mm256_mullo_epi32(freq, _mm256_srli_epi32::<14>(xv)),
+                                _mm256_sub_epi32(slot, cum),
+                            );
+                            (sy, y)
+                        };
+                        // Bytes to read: 0 from 2^23 up, 1 from 2^15, else
+                        // 2 (y >= 2^9); unsigned compares, as -1 per byte.
+                        let lt = |m: __m256i| _mm256_cmpeq_epi32(_mm256_min_epu32(y, m), y);
+                        let neg = _mm256_add_epi32(lt(below23), lt(below15));
+                        let sh = _mm256_slli_epi32::<3>(_mm256_sub_epi32(zero, neg));
+                        // The 4 window bytes from the lane's offset, as a
+                        // big-endian u32 (the high word of the shifted window).
+                        let d = _mm256_slli_epi32::<3>(_mm256_sub_epi32(pos[v][k], pos0[v][k]));
+                        let [wa, wb] = win[v][k];
+                        let va = _mm256_sllv_epi64(wa, _mm256_unpacklo_epi32(d, zero));
+                        let vb = _mm256_sllv_epi64(wb, _mm256_unpackhi_epi32(d, zero));
+                        let four = _mm256_castps_si256(_mm256_shuffle_ps::<0xDD>(
+                            _mm256_castsi256_ps(va),
+                            _mm256_castsi256_ps(vb),
+                        ));
+                        // srlv by 32 (no byte) gives 0.
+                        x[v][l][k] = _mm256_or_si256(
+                            _mm256_sllv_epi32(y, sh),
+                            _mm256_srlv_epi32(four, _mm256_sub_epi32(c32, sh)),
+                        );
+                        pos[v][k] = _mm256_sub_epi32(pos[v][k], neg);
+                        s[v][l][k] = sy;
+                    }
+                }
+            }
+            for v in 0..NV {
+                for k in 0..2 {
+                    let [s0, s1, s2, s3] = [s[v][0][k], s[v][1][k], s[v][2][k], s[v][3][k]];
+                    let w = _mm256_or_si256(
+                        _mm256_or_si256(s0, _mm256_slli_epi32::<8>(s1)),
+                        _mm256_or_si256(_mm256_slli_epi32::<16>(s2), _mm256_slli_epi32::<24>(s3)),
+                    );
+                    _mm256_storeu_si256(row[v][8 * k..].as_mut_ptr().cast(), w);
+                }
+            }
+        }
+        for v in 0..NV {
+            for k in 0..2 {
+                for l in 0..4 {
+                    _mm256_storeu_si256(st.x[v][l][8 * k..].as_mut_ptr().cast(), x[v][l][k]);
+                }
+                _mm256_storeu_si256(st.pos[v][8 * k..].as_mut_ptr().cast(), pos[v][k]);
+            }
+        }
+    }
+}
+
+/// 8 bytes at `base + idx[i]` for the four `idx`, as u64 lanes.
+///
+/// # Safety
+/// AVX2 available; the four 8-byte ranges are readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn gather8(base: *const u8, idx: __m128i) -> __m256i {
+    // SAFETY: per the contract.
+    unsafe { _mm256_i32gather_epi64::<1>(base.cast(), idx) }
+}
+
+/// `cols[c][4t..4t + 4] = rows[t][c]` (little-endian) for a 16 x 16
+/// matrix of u32: four 8 x 8 transposes.
+///
+/// # Safety
+/// AVX2 available.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transpose16(rows: &[[u32; 16]; 16], cols: &mut [[u8; 64]; 16]) {
+    // SAFETY: every load and store is of 8 u32 inside one row of the two
+    // arrays (a row of `cols` is 16 u32).
+    unsafe {
+        for tb in 0..2 {
+            for cb in 0..2 {
+                let r: [__m256i; 8] = std::array::from_fn(|i| {
+                    _mm256_loadu_si256(rows[8 * tb + i][8 * cb..].as_ptr().cast())
+                });
+                let c = transpose8(r);
+                for (i, v) in c.into_iter().enumerate() {
+                    let dst = cols[8 * cb + i][32 * tb..].as_mut_ptr();
+                    _mm256_storeu_si256(dst.cast(), v);
+                }
+            }
+        }
+    }
+}
+
+/// The transpose of an 8 x 8 matrix of u32 held as 8 row vectors.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+    let a0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let a1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let a2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let a3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    let a4 = _mm256_unpacklo_epi32(r[4], r[5]);
+    let a5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    let a6 = _mm256_unpacklo_epi32(r[6], r[7]);
+    let a7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    let b0 = _mm256_unpacklo_epi64(a0, a2);
+    let b1 = _mm256_unpackhi_epi64(a0, a2);
+    let b2 = _mm256_unpacklo_epi64(a1, a3);
+    let b3 = _mm256_unpackhi_epi64(a1, a3);
+    let b4 = _mm256_unpacklo_epi64(a4, a6);
+    let b5 = _mm256_unpackhi_epi64(a4, a6);
+    let b6 = _mm256_unpacklo_epi64(a5, a7);
+    let b7 = _mm256_unpackhi_epi64(a5, a7);
+    [
+        _mm256_permute2x128_si256::<0x20>(b0, b4),
+        _mm256_permute2x128_si256::<0x20>(b1, b5),
+        _mm256_permute2x128_si256::<0x20>(b2, b6),
+        _mm256_permute2x128_si256::<0x20>(b3, b7),
+        _mm256_permute2x128_si256::<0x31>(b0, b4),
+        _mm256_permute2x128_si256::<0x31>(b1, b5),
+        _mm256_permute2x128_si256::<0x31>(b2, b6),
+        _mm256_permute2x128_si256::<0x31>(b3, b7),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    /// The transpose, where the CPU has AVX2 (every x86-64 CI machine
+    /// this project has run on; elsewhere `available()` must say no).
+    #[test]
+    fn transpose16_transposes() {
+        if !is_x86_feature_detected!("avx2") {
+            assert!(!super::available());
+            return;
+        }
+        let rows: [[u32; 16]; 16] =
+            std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
+        let mut cols = [[0u8; 64]; 16];
+        // SAFETY: checked above.
+        unsafe { super::transpose16(&rows, &mut cols) };
+        for t in 0..16 {
+            for c in 0..16 {
+                let got = u32::from_le_bytes(cols[c][4 * t..4 * t + 4].try_into().unwrap());
+                assert_eq!(got, rows[t][c], "[{c}][{t}]");
+            }
+        }
+    }
+}
