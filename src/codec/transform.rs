@@ -392,6 +392,14 @@ fn f32_join(sign: &[u8], sign_bit: usize, exp: &[u8], mants: &[&[u8]], out: &mut
             [&m0[head..], &m1[head..], &m2[head..]],
             &mut out[4 * head..],
         );
+    } else if super::join_avx2::available() {
+        let s = (sign_bit + head) >> 3;
+        head += super::join_avx2::f32_body(
+            &sign[s..],
+            &exp[head..],
+            [&m0[head..], &m1[head..], &m2[head..]],
+            &mut out[4 * head..],
+        );
     }
     let sbase = (sign_bit + head) >> 3;
     let body = (n - head) / 8 * 8;
