@@ -7,10 +7,7 @@
 
 use std::arch::x86_64::*;
 
-pub(super) fn available() -> bool {
-    static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-    super::cpu_check(&HAVE, || is_x86_feature_detected!("avx2"))
-}
+pub(super) use super::has_avx2 as available;
 
 /// Joins the first `n / 16 * 16` of the `n` elements `bf16_join_masked`
 /// is given (element i's sign at bit `first + i` of `masks`); returns how

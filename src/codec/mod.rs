@@ -90,6 +90,14 @@ pub fn grow_zeroed(buf: &mut Vec<u8>, len: u64, what: &'static str) -> Result<()
 /// size, so that one large block does not pin its memory in every thread.
 pub(crate) const SCRATCH_KEEP: usize = 16 << 20;
 
+/// Whether the CPU has AVX2 (the join and rANS kernels for CPUs without
+/// AVX-512 ask this one check).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    cpu_check(&HAVE, || is_x86_feature_detected!("avx2"))
+}
+
 /// A CPU feature check run once and cached in `cell` (0 unknown, 1 no,
 /// 2 yes): the SIMD paths ask on every call.
 #[cfg(target_arch = "x86_64")]

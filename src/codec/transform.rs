@@ -384,22 +384,23 @@ fn f32_join(sign: &[u8], sign_bit: usize, exp: &[u8], mants: &[&[u8]], out: &mut
     }
     let mut head = head;
     #[cfg(target_arch = "x86_64")]
-    if super::join_avx512::available() {
-        let s = (sign_bit + head) >> 3;
-        head += super::join_avx512::f32_body(
-            &sign[s..],
-            &exp[head..],
-            [&m0[head..], &m1[head..], &m2[head..]],
-            &mut out[4 * head..],
-        );
-    } else if super::join_avx2::available() {
-        let s = (sign_bit + head) >> 3;
-        head += super::join_avx2::f32_body(
-            &sign[s..],
-            &exp[head..],
-            [&m0[head..], &m1[head..], &m2[head..]],
-            &mut out[4 * head..],
-        );
+    {
+        let body = if super::join_avx512::available() {
+            Some(super::join_avx512::f32_body as fn(_, _, _, _) -> _)
+        } else if super::join_avx2::available() {
+            Some(super::join_avx2::f32_body as fn(_, _, _, _) -> _)
+        } else {
+            None
+        };
+        if let Some(body) = body {
+            let s = (sign_bit + head) >> 3;
+            head += body(
+                &sign[s..],
+                &exp[head..],
+                [&m0[head..], &m1[head..], &m2[head..]],
+                &mut out[4 * head..],
+            );
+        }
     }
     let sbase = (sign_bit + head) >> 3;
     let body = (n - head) / 8 * 8;

@@ -17,11 +17,7 @@ use super::vector::{State, BLOCK, PACKED, TABLES, UNIFORM};
 use super::DecodeTable;
 use std::arch::x86_64::*;
 
-/// Whether the CPU has AVX2.
-pub(super) fn available() -> bool {
-    static HAVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-    crate::codec::cpu_check(&HAVE, || is_x86_feature_detected!("avx2"))
-}
+pub(super) use crate::codec::has_avx2 as available;
 
 /// Decode `rounds` rounds (4 symbols of each of 16 chunks per vector)
 /// into `stage[t][v][c]` (chunk c's 4 symbols of round t, little-endian):
@@ -88,7 +84,9 @@ pub(super) unsafe fn kernel<const NV: usize, const MODE: u8>(
             let win: [[[__m256i; 2]; 2]; NV] = std::array::from_fn(|v| {
                 std::array::from_fn(|k| {
                     let p = _mm256_permutevar8x32_epi32(pos0[v][k], split);
-                    let g = |i: __m128i| _mm256_shuffle_epi8(gather8(streams, i), bswap64);
+                    let g = |i: __m128i| {
+                        _mm256_shuffle_epi8(_mm256_i32gather_epi64::<1>(streams.cast(), i), bswap64)
+                    };
                     [
                         g(_mm256_castsi256_si128(p)),
                         g(_mm256_extracti128_si256::<1>(p)),
@@ -194,17 +192,6 @@ pub(super) unsafe fn kernel<const NV: usize, const MODE: u8>(
             }
         }
     }
-}
-
-/// 8 bytes at `base + idx[i]` for the four `idx`, as u64 lanes.
-///
-/// # Safety
-/// AVX2 available; the four 8-byte ranges are readable.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn gather8(base: *const u8, idx: __m128i) -> __m256i {
-    // SAFETY: per the contract.
-    unsafe { _mm256_i32gather_epi64::<1>(base.cast(), idx) }
 }
 
 /// `cols[c][4t..4t + 4] = rows[t][c]` (little-endian) for a 16 x 16
