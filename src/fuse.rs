@@ -135,6 +135,11 @@ fn reply_empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
 }
 
 fn errno(e: &FsError) -> Errno {
+    // An I/O error without an errno (one the daemon made, not the store's
+    // file system) becomes EIO: log it, no EIO goes without a log line.
+    if matches!(e, FsError::Io(io) if io.raw_os_error().is_none()) {
+        log::warn!("answering EIO: {e}");
+    }
     Errno::from_i32(e.errno())
 }
 

@@ -20,7 +20,7 @@ use super::inode::Identity;
 use super::prefetch::Sequential;
 use super::{CheckpointFs, FileKind, FsError, Opened, Result};
 use crate::archive::ArchiveView;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -75,7 +75,15 @@ pub(super) enum Handle {
     Dir(Vec<DirItem>),
 }
 
+/// Stripes of `CheckpointFs::open_mode`.
+pub(super) const OPEN_MODE_STRIPES: usize = 64;
+
 impl CheckpointFs {
+    /// The io-mode lock of inode `ino` (see `CheckpointFs::open_mode`).
+    pub(super) fn open_mode(&self, ino: u64) -> MutexGuard<'_, ()> {
+        self.open_mode[ino as usize % OPEN_MODE_STRIPES].lock()
+    }
+
     pub(super) fn insert_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.write().insert(fh, Arc::new(h));
@@ -90,8 +98,10 @@ impl CheckpointFs {
             .ok_or(FsError::BadHandle(fh))
     }
 
-    /// Registers an open plain (or staged) file. A `writer` must already
-    /// be counted in `writers`; `release` uncounts it.
+    /// Registers an open plain (or staged) file, passed through to the
+    /// kernel when `passthrough` and no open of `ino` is served through
+    /// the page cache. A `writer` must already be counted in `writers`;
+    /// `release` uncounts it.
     pub(super) fn plain_handle(
         &self,
         ino: u64,
@@ -100,13 +110,18 @@ impl CheckpointFs {
         passthrough: bool,
         flags: i32,
     ) -> Opened {
-        self.plain_handle_of(ino, file, writer, passthrough, flags, None)
+        let mode = self.open_mode(ino);
+        self.plain_handle_of(&mode, ino, file, writer, passthrough, flags, None)
     }
 
-    /// [`Self::plain_handle`] of an S3 object's copy, kept in the disk
-    /// cache while the handle lives.
+    /// [`Self::plain_handle`] with `open_mode` held by the caller (`mode`),
+    /// from its own choice of `passthrough` to the insertion here; `remote`
+    /// is the S3 object a plain file is a copy of, kept in the disk cache
+    /// while the handle lives.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn plain_handle_of(
         &self,
+        _mode: &MutexGuard<'_, ()>,
         ino: u64,
         file: File,
         writer: Option<Identity>,
@@ -123,7 +138,9 @@ impl CheckpointFs {
         // passed through (the kernel refuses to mix) does it stay passed
         // through.
         let direct = flags & libc::O_DIRECT != 0;
-        let passthrough = passthrough && (!direct || self.has_passthrough_opens(ino));
+        let passthrough = passthrough
+            && !self.has_cached_opens(ino)
+            && (!direct || self.has_passthrough_opens(ino));
         let identity = file
             .metadata()
             .map(|m| (m.dev(), m.ino()))

@@ -89,7 +89,7 @@ pub use xattr::{XATTR_CHECKSUMS, XATTR_ERROR, XATTR_FORMAT, XATTR_RATIO, XATTR_S
 
 use crate::archive::ArchiveError;
 use crate::cache::{BlockCache, CacheStats};
-use handles::Handle;
+use handles::{Handle, OPEN_MODE_STRIPES};
 use inode::{Identity, InodeTable};
 use parking_lot::{Mutex, RwLock};
 use prefetch::Policy;
@@ -126,6 +126,13 @@ pub struct CheckpointFs {
     allow_other: bool,
     inodes: InodeTable,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
+    /// Locks by inode number (striped): held from an open's choice of io
+    /// mode (passthrough or page cache) to its handle's insertion in
+    /// `handles`, and by a commit from its check for open handles to the
+    /// change of the inode's kind, so that two opens of one inode never
+    /// choose differently (the kernel answers EIO to the second). Taken
+    /// after `ns`, never before it.
+    open_mode: Box<[Mutex<()>]>,
     next_fh: AtomicU64,
     cache: Arc<BlockCache<ArchiveError>>,
     policy: Policy,
@@ -186,6 +193,7 @@ impl CheckpointFs {
             store: Beneath::open(&store)?.with_own(spool::SPOOL_DIR),
             allow_other: cfg.allow_other,
             handles: RwLock::new(HashMap::new()),
+            open_mode: (0..OPEN_MODE_STRIPES).map(|_| Mutex::new(())).collect(),
             next_fh: AtomicU64::new(1),
             cache: Arc::new(BlockCache::new(cfg.cache_bytes)),
             policy: Policy::for_cache(cfg.cache_bytes),

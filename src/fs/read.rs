@@ -104,12 +104,16 @@ impl CheckpointFs {
     /// Opens a file. `flags` are the open(2) flags; opening for writing
     /// (or with `O_TRUNC`) goes to the write path (`open_write`).
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
-        let staged = matches!(self.inode(ino)?.kind(), NodeKind::Staged { .. });
+        let first = self.inode(ino)?.kind();
+        let staged = matches!(first, NodeKind::Staged { .. });
         let r = match self.open_once(ino, flags) {
             // Committed (compressed or put back) between resolving the
-            // inode and opening its spool file: wait for the commit to
-            // finish (it holds `ns`) and open what it left.
-            Err(FsError::NotFound | FsError::Stale) if staged => {
+            // inode and opening its spool file, or staged meanwhile: wait
+            // for the change to finish (it holds `ns`) and open what it
+            // left.
+            Err(FsError::NotFound | FsError::Stale)
+                if staged || self.inode(ino).is_ok_and(|i| i.kind() != first) =>
+            {
                 drop(self.ns.lock());
                 self.open_once(ino, flags)
             }
@@ -173,7 +177,7 @@ impl CheckpointFs {
                 }));
                 Ok(Opened::Archive { fh, keep_cache })
             }
-            NodeKind::Plain | NodeKind::Staged { .. } => {
+            kind @ (NodeKind::Plain | NodeKind::Staged { .. }) => {
                 let file = self
                     .store
                     .open_file(&self.rel(&inode)?, libc::O_RDONLY, 0)
@@ -199,18 +203,36 @@ impl CheckpointFs {
                 // `has_passthrough_opens`). Such a reader is put in the
                 // handle table under `ns`: a commit looks for open handles
                 // under `ns` before the file becomes an archive, so it sees
-                // this one, or it is done and the open starts again.
-                let kind = inode.kind();
+                // this one, or it is done and the open starts again. The
+                // choice and the insertion are made under `open_mode`, so
+                // that two opens of the inode never choose differently.
                 let staged = matches!(kind, NodeKind::Staged { .. });
-                let _ns =
-                    (staged && whole && self.has_passthrough_opens(ino)).then(|| self.ns.lock());
-                if _ns.is_some() && inode.kind() != kind {
-                    return Err(FsError::Stale);
+                let mut ns = None;
+                loop {
+                    let mode = self.open_mode(ino);
+                    // Staged or committed since `file` was opened: open
+                    // again, as what the inode is now.
+                    if inode.kind() != kind {
+                        return Err(FsError::Stale);
+                    }
+                    let writer_in_flight = self.has_passthrough_opens(ino);
+                    if staged && whole && writer_in_flight && ns.is_none() {
+                        // `ns` comes before `open_mode`: choose again under both.
+                        drop(mode);
+                        ns = Some(self.ns.lock());
+                        continue;
+                    }
+                    let passthrough = whole && (!staged || writer_in_flight);
+                    return Ok(self.plain_handle_of(
+                        &mode,
+                        ino,
+                        file,
+                        None,
+                        passthrough,
+                        flags,
+                        remote,
+                    ));
                 }
-                let passthrough = whole
-                    && !self.has_cached_opens(ino)
-                    && (!staged || _ns.is_some() && self.has_passthrough_opens(ino));
-                Ok(self.plain_handle_of(ino, file, None, passthrough, flags, remote))
             }
             NodeKind::Archive => {
                 let slot = match self.store.lstat(&self.rel(&inode)?).map_err(not_found_is) {
@@ -245,6 +267,13 @@ impl CheckpointFs {
                     st.last_open_generation = Some(slot.generation);
                     keep
                 };
+                // Under `open_mode`, and only if it is still an archive: a
+                // writer staging this inode chooses its io mode from the
+                // handles here once it is staged.
+                let _mode = self.open_mode(ino);
+                if inode.kind() != NodeKind::Archive {
+                    return Err(FsError::Stale);
+                }
                 let fh = self.insert_handle(Handle::Archive(ArchiveHandle {
                     ino,
                     archive: Served { archive, file: 0 },

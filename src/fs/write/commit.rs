@@ -85,6 +85,13 @@ impl CheckpointFs {
         let _held = self.hold_commits(&entry.target);
         let _g = self.ns.lock();
         let current = spool.entry(id);
+        // From the check for open handles to the inode's new kind: an open
+        // either put its handle in the table before (and this commit stands
+        // down) or finds the new kind and opens again.
+        let _mode = current
+            .as_ref()
+            .and_then(|c| c.ino)
+            .map(|i| self.open_mode(i));
         let (packed, published) = packed;
         if current.as_ref().map(|c| c.version) != Some(entry.version)
             || self.writer_count(entry.identity) > 0

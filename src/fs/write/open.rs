@@ -65,8 +65,7 @@ impl CheckpointFs {
                 if let Some(w) = writer {
                     self.add_writer(w);
                 }
-                let passthrough = !self.has_cached_opens(ino);
-                Ok(self.plain_handle(ino, file, writer, passthrough, flags))
+                Ok(self.plain_handle(ino, file, writer, true, flags))
             }
             NodeKind::Staged { id } => self.open_staged(spool, &inode, id, flags),
             NodeKind::Archive => {
@@ -105,12 +104,11 @@ impl CheckpointFs {
                 return Err(not_found_is(e));
             }
         };
-        let passthrough = !self.has_cached_opens(inode.ino);
         Ok(self.plain_handle(
             inode.ino,
             file,
             writer.then_some(entry.identity),
-            passthrough,
+            true,
             flags,
         ))
     }
