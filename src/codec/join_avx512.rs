@@ -133,8 +133,8 @@ unsafe fn join32(e: __m256i, m: __m256i, signs: u32, dst: *mut u8) {
 /// `chunks`, the 64 exponents of column c of `exp` and the 64 mantissas of
 /// column c of `mant` become elements `offsets[c]..offsets[c] + 64` of
 /// `out`, their signs bits `offsets[c]..` of `masks` (as in
-/// [`bf16_masked_body`]). The columns stay in registers. Returns false,
-/// having written nothing, if an element would fall outside `out`.
+/// [`bf16_masked_body`]). The columns stay in registers. Panics if an
+/// element would fall outside `out` (`transform::stage_fits`).
 pub(super) fn bf16_stage_body(
     masks: &[u64],
     offsets: &[u64; 16],
@@ -142,20 +142,11 @@ pub(super) fn bf16_stage_body(
     exp: &StageRows,
     mant: &StageRows,
     out: &mut [u8],
-) -> bool {
-    let room = out.len() as u64 / 2;
-    if chunks > 16
-        || offsets[..chunks]
-            .iter()
-            .any(|&o| o.checked_add(64).is_none_or(|e| e > room))
-    {
-        return false;
-    }
-    assert!(available());
-    // SAFETY: the CPU has AVX-512F/BW (checked above); every chunk's 64
-    // elements lie inside `out` (checked above).
+) {
+    assert!(available() && super::transform::stage_fits(offsets, chunks, out.len()));
+    // SAFETY: the CPU has AVX-512F/BW and every chunk's 64 elements lie
+    // inside `out` (both checked above).
     unsafe { bf16_stage_steps(masks, offsets, chunks, exp, mant, out) };
-    true
 }
 
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -321,12 +312,13 @@ mod tests {
     /// A round block joined from the decoder's stages equals each chunk's
     /// column joined alone, for chunks at any offsets (sign bits that
     /// straddle mask words), and a chunk reaching past `out` is refused
-    /// before anything is written. Without AVX-512 the stage join declines
-    /// and writes nothing (the decoder then joins column by column).
+    /// before anything is written. Without AVX-512 or AVX2 the stage join
+    /// declines and writes nothing (the decoder then joins column by
+    /// column).
     #[test]
     fn stage_join_matches_joining_each_column() {
         use crate::codec::transform::{bf16_join_masked, bf16_join_stage};
-        let vector = super::available();
+        let vector = super::available() || crate::codec::join_avx2::available();
         let mut x = 0x1234_5678_9ABC_DEF0u64;
         let mut next = move || {
             x ^= x << 13;

@@ -336,8 +336,8 @@ pub fn bf16_join_masked(masks: &[u64], first: usize, exp: &[u8], mant: &[u8], ou
 /// [`bf16_join_masked`] of a full round block of the paired rANS decoder,
 /// straight from its stages (chunk c's 64 elements from `offsets[c]`; see
 /// [`crate::codec::rans::PairSink::stage`]). Returns false, having written
-/// nothing, where there is no AVX-512 or an element falls outside `out`:
-/// the caller then joins chunk by chunk.
+/// nothing, where there is neither AVX-512 nor AVX2 or an element falls
+/// outside `out`: the caller then joins chunk by chunk.
 pub fn bf16_join_stage(
     masks: &[u64],
     offsets: &[u64; 16],
@@ -347,11 +347,29 @@ pub fn bf16_join_stage(
     out: &mut [u8],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if super::join_avx512::available() {
-        return super::join_avx512::bf16_stage_body(masks, offsets, chunks, exp, mant, out);
+    if stage_fits(offsets, chunks, out.len()) {
+        if super::join_avx512::available() {
+            super::join_avx512::bf16_stage_body(masks, offsets, chunks, exp, mant, out);
+            return true;
+        }
+        if super::join_avx2::available() {
+            super::join_avx2::bf16_stage_body(masks, offsets, chunks, exp, mant, out);
+            return true;
+        }
     }
     let _ = (masks, offsets, chunks, exp, mant, out);
     false
+}
+
+/// Whether chunks `..chunks` (at most 16) of a round block, 64 bf16
+/// elements each from `offsets[c]`, lie inside an output of `out_len`
+/// bytes.
+pub(super) fn stage_fits(offsets: &[u64; 16], chunks: usize, out_len: usize) -> bool {
+    let room = out_len as u64 / 2;
+    chunks <= 16
+        && offsets[..chunks]
+            .iter()
+            .all(|&o| o.checked_add(64).is_some_and(|e| e <= room))
 }
 
 /// float32 bit-field join, 8 elements per sign byte once the sign position

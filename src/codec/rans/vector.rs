@@ -332,7 +332,7 @@ fn columns<const NV: usize>(stage: &[[[u32; 16]; NV]; BLOCK]) -> [[u8; 64]; 16] 
         if has_avx512() {
             transpose16(&rows, &mut cols)
         } else {
-            super::avx2::transpose16(&rows, &mut cols)
+            crate::codec::join_avx2::transpose16(&rows, &mut cols)
         }
     };
     cols
