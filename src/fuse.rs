@@ -550,10 +550,13 @@ impl Filesystem for CheckpointFuse {
         let after = self.fs.release_handle(fh.0);
         {
             let mut b = self.backing.lock();
-            if b.by_fh.remove(&fh.0).is_some()
-                && b.by_ino.get(&ino.0).is_some_and(|w| w.strong_count() == 0)
-            {
-                b.by_ino.remove(&ino.0);
+            // Dropped before the count is looked at (the last handle's drop
+            // closes the backing id): a dead entry would stay in `by_ino`.
+            if let Some(id) = b.by_fh.remove(&fh.0) {
+                drop(id);
+                if b.by_ino.get(&ino.0).is_some_and(|w| w.strong_count() == 0) {
+                    b.by_ino.remove(&ino.0);
+                }
             }
         }
         reply.ok();
