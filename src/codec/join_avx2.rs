@@ -263,6 +263,22 @@ fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
+/// Checks a 16 x 16 transpose of u32 rows into little-endian byte columns
+/// (this module's and the AVX-512 decoder's).
+#[cfg(test)]
+pub(crate) fn assert_transposes(transpose: impl Fn(&[[u32; 16]; 16], &mut [[u8; 64]; 16])) {
+    let rows: [[u32; 16]; 16] =
+        std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
+    let mut cols = [[0u8; 64]; 16];
+    transpose(&rows, &mut cols);
+    for t in 0..16 {
+        for c in 0..16 {
+            let got = u32::from_le_bytes(cols[c][4 * t..4 * t + 4].try_into().unwrap());
+            assert_eq!(got, rows[t][c], "[{c}][{t}]");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::codec::transform::bf16_join_masked;
@@ -346,16 +362,7 @@ mod tests {
             assert!(!super::available());
             return;
         }
-        let rows: [[u32; 16]; 16] =
-            std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
-        let mut cols = [[0u8; 64]; 16];
         // SAFETY: checked above.
-        unsafe { super::transpose16(&rows, &mut cols) };
-        for t in 0..16 {
-            for c in 0..16 {
-                let got = u32::from_le_bytes(cols[c][4 * t..4 * t + 4].try_into().unwrap());
-                assert_eq!(got, rows[t][c], "[{c}][{t}]");
-            }
-        }
+        super::assert_transposes(|r, c| unsafe { super::transpose16(r, c) });
     }
 }

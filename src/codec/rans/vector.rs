@@ -621,16 +621,7 @@ mod tests {
             return;
         }
         assert!(super::has_avx512());
-        let rows: [[u32; 16]; 16] =
-            std::array::from_fn(|t| std::array::from_fn(|c| (t * 100 + c) as u32));
-        let mut cols = [[0u8; 64]; 16];
         // SAFETY: checked above.
-        unsafe { super::transpose16(&rows, &mut cols) };
-        for t in 0..16 {
-            for c in 0..16 {
-                let got = u32::from_le_bytes(cols[c][4 * t..4 * t + 4].try_into().unwrap());
-                assert_eq!(got, rows[t][c], "[{c}][{t}]");
-            }
-        }
+        crate::codec::join_avx2::assert_transposes(|r, c| unsafe { super::transpose16(r, c) });
     }
 }
