@@ -207,6 +207,9 @@ impl CheckpointFs {
                 // choice and the insertion are made under `open_mode`, so
                 // that two opens of the inode never choose differently.
                 let staged = matches!(kind, NodeKind::Staged { .. });
+                if staged {
+                    super::write::test_delay("open-staged");
+                }
                 let mut ns = None;
                 loop {
                     let mode = self.open_mode(ino);

@@ -44,6 +44,7 @@ mod stage;
 mod writers;
 
 pub(super) use queue::WritebackQueue;
+pub(super) use relations::test_delay;
 pub(super) use relations::RelationCache;
 
 use super::inode::{Inode, NodeKind};

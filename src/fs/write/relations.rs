@@ -135,6 +135,24 @@ pub(in crate::fs) fn test_pause(point: &str) {
     }
 }
 
+/// A test hook: with `CKPTFS_TEST_DELAY=POINT:MS` in its environment, the
+/// daemon waits MS milliseconds each time it passes POINT (at most 10 s):
+/// `open-staged` (an open of a staged file, between its look at the inode's
+/// kind and its choice of io mode), to let a commit run in that window.
+pub(in crate::fs) fn test_delay(point: &str) {
+    let Some(v) = std::env::var_os("CKPTFS_TEST_DELAY") else {
+        return;
+    };
+    let v = v.to_string_lossy();
+    if let Some(ms) = v
+        .strip_prefix(point)
+        .and_then(|r| r.strip_prefix(':'))
+        .and_then(|ms| ms.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(10_000)));
+    }
+}
+
 impl CheckpointFs {
     /// Every delta relation in STORE (see the module doc).
     pub(in crate::fs) fn relations(&self) -> Vec<Relation> {
