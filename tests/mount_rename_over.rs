@@ -257,7 +257,7 @@ fn close_reopen_extend_reports_fresh_sizes() {
 /// an open chose its io mode under its inode's lock, after checking the
 /// inode's kind, the first open was passed through as a plain file and the
 /// kernel refused the next open, of the archive, with EIO (the rename-over
-/// test above saw it about once in 6 runs).
+/// test above saw it in 5 runs of 42).
 #[test]
 fn an_open_racing_the_commit_of_its_file_works_and_so_do_the_next() {
     let m = Mount::with_env(|_| {}, &[], &[("CKPTFS_TEST_DELAY", "open-staged:500")]);
