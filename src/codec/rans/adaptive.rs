@@ -406,9 +406,9 @@ pub fn encode_method4_runs(data: &[u8], k: usize, group: usize, hists: &[[u64; 2
 
 /// [`encode_method4`] with every chunk coded with the uniform table over
 /// `0..2^bits` ([`super::uniform_bits`]): `bits` bits per symbol exactly,
-/// and a decoder that needs no table lookup. For planes of near-uniform
-/// values (bf16 mantissas: about 6.97 bits of entropy in 7, where zstd's
-/// Huffman also gets ~7.0).
+/// and a decoder that needs no table lookup. ckptfs wrote bf16 mantissas
+/// this way until 2026-11-28 (zstd blocks since, see `pack::tensor`); the
+/// decoder keeps reading such archives, and tests write them with this.
 ///
 /// # Panics
 /// If a symbol is `>= 2^bits`, `bits` is not in `1..=8`, or `k` does not fit

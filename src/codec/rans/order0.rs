@@ -497,9 +497,9 @@ impl DecodeTable {
 
 /// `b` (1..=8) when `freqs` is uniform over symbols `0..2^b`: each of them
 /// `2^(14-b)`, every other symbol 0. Such a table codes `b`-bit values in
-/// exactly `b` bits (ckptfs writes it for planes of near-uniform values,
-/// such as bf16 mantissas, where Huffman gets no further), and its symbol
-/// is the slot's top `b` bits.
+/// exactly `b` bits (ckptfs wrote it for bf16 mantissas until 2026-11-28;
+/// archives written then still use it), and its symbol is the slot's top
+/// `b` bits.
 pub fn uniform_bits(freqs: &FreqTable) -> Option<u32> {
     (1..=8u32).find(|&b| *freqs == uniform_table(b))
 }
