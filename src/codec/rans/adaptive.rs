@@ -413,6 +413,7 @@ pub fn encode_method4_runs(data: &[u8], k: usize, group: usize, hists: &[[u64; 2
 /// # Panics
 /// If a symbol is `>= 2^bits`, `bits` is not in `1..=8`, or `k` does not fit
 /// in a u32.
+#[cfg(test)]
 pub fn encode_method4_uniform(data: &[u8], k: usize, bits: u32) -> Vec<u8> {
     let t = super::uniform_table(bits);
     // An OR over the plane (vectorised) rather than `all`, whose early exit

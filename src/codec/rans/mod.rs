@@ -58,7 +58,7 @@ mod vector;
 pub use crate::format::plane::{AdaptivePayload, CHUNK_GROUP};
 pub use adaptive::{
     decode_chunk_pairs, decode_method4, encode_method4, encode_method4_runs, encode_method4_shared,
-    encode_method4_uniform, run_histograms, DecodeTables,
+    run_histograms, DecodeTables,
 };
 pub use model::{histogram, normalize_freqs, normalize_freqs_to};
 pub use order0::{
