@@ -24,6 +24,8 @@ mod join_avx512;
 pub mod plane;
 pub mod rans;
 #[cfg(target_arch = "x86_64")]
+mod split_avx2;
+#[cfg(target_arch = "x86_64")]
 mod split_avx512;
 pub mod transform;
 pub mod xor_delta;

@@ -537,8 +537,14 @@ pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {
             let (p0, p1) = planes.split_at_mut(1);
             let (mut body, mut a, mut b) = (body, &mut *p0[0], &mut *p1[0]);
             #[cfg(target_arch = "x86_64")]
-            if super::split_avx512::available() {
-                let done = super::split_avx512::bytes2_body(body, a, b);
+            {
+                let done = if super::split_avx512::available() {
+                    super::split_avx512::bytes2_body(body, a, b)
+                } else if super::split_avx2::available() {
+                    super::split_avx2::bytes2_body(body, a, b)
+                } else {
+                    0
+                };
                 body = &body[2 * done..];
                 a = &mut std::mem::take(&mut a)[done..];
                 b = &mut std::mem::take(&mut b)[done..];
@@ -552,7 +558,19 @@ pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {
             let [p0, p1, p2, p3] = planes else {
                 unreachable!()
             };
-            for (i, e) in body.chunks_exact(4).enumerate() {
+            #[allow(unused_mut)]
+            let mut done = 0;
+            #[cfg(target_arch = "x86_64")]
+            if super::split_avx2::available() {
+                done = super::split_avx2::bytes4_body(body, [p0, p1, p2, p3]);
+            }
+            let (p0, p1, p2, p3) = (
+                &mut p0[done..],
+                &mut p1[done..],
+                &mut p2[done..],
+                &mut p3[done..],
+            );
+            for (i, e) in body[4 * done..].chunks_exact(4).enumerate() {
                 p0[i] = e[0];
                 p1[i] = e[1];
                 p2[i] = e[2];
@@ -573,8 +591,12 @@ pub fn byteplane_split_into(body: &[u8], planes: &mut [&mut [u8]]) {
 /// element index that is a multiple of 8 (so sign bytes are whole).
 pub fn bf16_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if super::split_avx512::available() {
-        let done = super::split_avx512::bf16_body(body, sign, exp, mant);
+    if super::split_avx512::available() || super::split_avx2::available() {
+        let done = if super::split_avx512::available() {
+            super::split_avx512::bf16_body(body, sign, exp, mant)
+        } else {
+            super::split_avx2::bf16_body(body, sign, exp, mant)
+        };
         return bf16_split_scalar(
             &body[2 * done..],
             &mut sign[done / 8..],
@@ -593,8 +615,13 @@ pub fn bf16_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: &mut 
 pub fn f32_split_into(body: &[u8], sign: &mut [u8], exp: &mut [u8], mant: [&mut [u8]; 3]) {
     let [m0, m1, m2] = mant;
     #[cfg(target_arch = "x86_64")]
-    if super::split_avx512::available() {
-        let done = super::split_avx512::f32_body(body, sign, exp, [&mut *m0, &mut *m1, &mut *m2]);
+    if super::split_avx512::available() || super::split_avx2::available() {
+        let mant = [&mut *m0, &mut *m1, &mut *m2];
+        let done = if super::split_avx512::available() {
+            super::split_avx512::f32_body(body, sign, exp, mant)
+        } else {
+            super::split_avx2::f32_body(body, sign, exp, mant)
+        };
         return f32_split_scalar(
             &body[4 * done..],
             &mut sign[done / 8..],
