@@ -12,6 +12,8 @@ Rows:
   two-procs:   two processes loading the same model at once, against one alone
   dd-cold:     sequential dd bs=1M of the single file after drop_caches
   dd-warm:     the same read again (page cache), against the raw file warm
+The cold loads also print the cores busy (of nproc, every process) while
+they ran, plain and mounted: all busy means CPU-bound, fewer means waiting.
 
 Usage: bench_load.py CKPTFS_BIN WORKDIR [--runs N]
 Needs root (drop_caches, mounts).
@@ -93,12 +95,19 @@ root, fw = sys.argv[1], sys.argv[2]
 if fw == "pt":
     import torch
 shards = [root] if root.endswith(".safetensors") else sorted(glob.glob(os.path.join(root, "*.safetensors")))
+def ticks():
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+b0 = ticks()
 t = time.perf_counter()
 for p in shards:
     with safe_open(p, framework=fw) as f:
         for k in f.keys():
             f.get_tensor(k)
-print(time.perf_counter() - t)
+t = time.perf_counter() - t
+b1 = ticks()
+# Seconds, then the cores busy meanwhile (all processes: loader, daemon, kernel).
+print(t, (b1[0] - b0[0]) / max(1, b1[1] - b0[1]) * os.cpu_count())
 """
 
 AUTOMODEL = """
@@ -149,7 +158,13 @@ class Mount:
 
 
 def timed_py(script, *args):
-    return float(sh(PY, "-c", script, *args).strip().splitlines()[-1])
+    return float(sh(PY, "-c", script, *args).strip().splitlines()[-1].split()[0])
+
+
+def timed_load(*args):
+    """LOAD's seconds and the machine's busy cores during them."""
+    t, busy = sh(PY, "-c", LOAD, *args).strip().splitlines()[-1].split()
+    return float(t), float(busy)
 
 
 def median_pair(runs, plain, mounted):
@@ -217,14 +232,28 @@ def main():
             return os.path.getsize(path)
         return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
 
+    # Cores busy (of nproc) during each cold load, plain and mounted: a
+    # load that leaves cores idle waits (for the disk, or for too few
+    # decodes in flight); one that keeps them all busy is CPU-bound.
+    busy = {}
+
     def load_row(label, store, sub, plain, fw="numpy"):
+        pb, mb = [], []
+
+        def plain_run():
+            s, b = timed_load(plain, fw)
+            pb.append(b)
+            return s
+
         def mounted():
             with Mount(a.bin, store, work) as m:
                 drop_caches()
                 c0 = m.cpu()
-                s = timed_py(LOAD, os.path.join(m.mnt, sub), fw)
+                s, b = timed_load(os.path.join(m.mnt, sub), fw)
+                mb.append(b)
                 return s, m.cpu() - c0
-        p, s, c = median_pair(a.runs, lambda: timed_py(LOAD, plain, fw), mounted)
+        p, s, c = median_pair(a.runs, plain_run, mounted)
+        busy[label] = (statistics.median(pb), statistics.median(mb))
         row(label, p, s, c, size_of(plain) / 1e9)
 
     load_row("cold load numpy, 1 GiB bf16 2 shards, .zstn store", stores["llama-2shard"], "llama-2shard", llama)
@@ -295,15 +324,17 @@ def main():
                  gbs(statistics.median(mw)), float("nan"), size / 1e9, "GB/s"))
 
     print(f"nproc={os.cpu_count()} runs={a.runs} (medians; caches dropped and daemon remounted before every cold run)")
-    print("| measure | plain files | ckptfs | ckptfs/plain | daemon CPU-s per GB |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| measure | plain files | ckptfs | ckptfs/plain | daemon CPU-s per GB | cores busy of {os.cpu_count()}, plain / ckptfs |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, p, s, c, gb, unit in rows:
         if unit == "s":
             ratio = f"{s / p:.2f}x time"
         else:
             ratio = f"{s / p:.2f}x speed"
         cpu = "-" if c != c else f"{c / gb:.2f}"
-        print(f"| {name} | {p:.2f} {unit} | {s:.2f} {unit} | {ratio} | {cpu} |")
+        b = busy.get(name)
+        cores = "-" if b is None else f"{b[0]:.2f} / {b[1]:.2f}"
+        print(f"| {name} | {p:.2f} {unit} | {s:.2f} {unit} | {ratio} | {cpu} | {cores} |")
     print(f"two processes: daemon CPU {two_cpu[1]:.2f} s against {two_cpu[0]:.2f} s for one process "
           f"(equal when each block is decoded once)")
 

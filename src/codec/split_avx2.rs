@@ -15,13 +15,7 @@
 use std::arch::x86_64::*;
 
 pub(super) use super::has_avx2 as available;
-
-/// Packed sign bytes (MSB-first: element 0 is bit 7 of byte 0) of a lane
-/// mask with element i at bit i: the bits of each byte reversed.
-#[inline(always)]
-fn msb_first(mask: u32) -> u32 {
-    mask.reverse_bits().swap_bytes()
-}
+use super::split_avx512::msb_first;
 
 /// The byte planes of 32 four-byte elements at `p`: `[b0, b1, b2, b3]`,
 /// each holding byte k of elements 0..32 in order.

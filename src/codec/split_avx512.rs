@@ -18,7 +18,7 @@ pub(super) fn available() -> bool {
 /// Packed sign bytes (MSB-first: element 0 is bit 7 of byte 0) of a lane
 /// mask with element i at bit i: the bits of each byte reversed.
 #[inline(always)]
-fn msb_first(mask: u32) -> u32 {
+pub(super) fn msb_first(mask: u32) -> u32 {
     mask.reverse_bits().swap_bytes()
 }
 
