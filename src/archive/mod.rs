@@ -34,6 +34,7 @@ pub mod blazex;
 pub mod blz;
 pub mod delta;
 pub mod frame_block;
+mod pipeline;
 pub mod zstn;
 
 pub use backing::Backing;
@@ -618,9 +619,10 @@ pub fn blocks_of<A: ArchiveView + ?Sized>(a: &A, file: usize) -> Result<Vec<Bloc
     Ok(keys)
 }
 
-/// Decoded bytes a window of a streaming operation holds; two windows are
-/// held at once (one consumed while the next decodes).
-const WINDOW: u64 = 32 << 20;
+/// Decoded bytes a streaming operation keeps in flight ahead of its sink:
+/// enough to keep every core decoding, few enough that the block buffers
+/// are reused rather than faulted in fresh.
+const AHEAD: u64 = 8 << 20;
 
 /// Why streaming a file out failed: reading the archive, or writing.
 #[derive(Debug, Error)]
@@ -643,69 +645,11 @@ pub fn write_to<A: ArchiveView + ?Sized>(
     let prefix = a.prefix(file)?;
     w.write_all(prefix)?;
     progress(prefix.len() as u64);
-    each_decoded(a, &blocks_of(a, file)?, WINDOW, &mut |d| {
+    pipeline::each_decoded(a, &blocks_of(a, file)?, AHEAD, &mut |d| {
         w.write_all(d)?;
         progress(d.len() as u64);
         Ok(())
     })
-}
-
-/// Hands the blocks `keys` to `sink` in order, on the calling thread.
-/// They are decoded in parallel windows of about `window` bytes; when
-/// the pool has more than one thread the next window decodes while `sink`
-/// takes this one, so that decoding and the sink's work (a write, a
-/// hash) overlap. Each buffer goes back to `codec::buffers` once `sink`
-/// has it, so a long stream neither zeroes nor faults in fresh memory
-/// for every block.
-fn each_decoded<A: ArchiveView + ?Sized, E: From<ArchiveError> + Send>(
-    a: &A,
-    keys: &[BlockKey],
-    window: u64,
-    sink: &mut dyn FnMut(&[u8]) -> std::result::Result<(), E>,
-) -> std::result::Result<(), E> {
-    let mut windows = Vec::new();
-    let mut k = 0;
-    while k < keys.len() {
-        let (mut j, mut bytes) = (k, 0);
-        while j < keys.len() && (j == k || bytes < window) {
-            bytes += a.block_len(keys[j])?;
-            j += 1;
-        }
-        windows.push(&keys[k..j]);
-        k = j;
-    }
-    let decode = |w: &[BlockKey]| -> Result<Vec<Vec<u8>>> {
-        w.par_iter().map(|key| a.decode_block(*key)).collect()
-    };
-    let mut consume = |blocks: Vec<Vec<u8>>| -> std::result::Result<(), E> {
-        for d in blocks {
-            sink(&d)?;
-            crate::codec::buffers::recycle(d);
-        }
-        Ok(())
-    };
-    let pipelined = rayon::current_num_threads() > 1;
-    let mut next = windows.first().map(|w| decode(w));
-    for i in 0..windows.len() {
-        let blocks = next
-            .take()
-            .expect("a window is decoded before it is consumed")?;
-        let ahead = windows.get(i + 1).copied();
-        let consumed = if pipelined {
-            rayon::in_place_scope(|s| {
-                if let Some(w) = ahead {
-                    s.spawn(|_| next = Some(decode(w)));
-                }
-                consume(blocks)
-            })
-        } else {
-            let r = consume(blocks);
-            next = ahead.map(decode);
-            r
-        };
-        consumed?;
-    }
-    Ok(())
 }
 
 /// Decodes a bare frame (a `.z4ai` file as the z4ai CLI writes it) into
@@ -744,7 +688,7 @@ fn unit_digest<A: ArchiveView + ?Sized>(
         .map(|block| BlockKey { unit, block })
         .collect();
     let mut h = Xxh3::new();
-    each_decoded(a, &keys, WINDOW, &mut |d| {
+    pipeline::each_decoded(a, &keys, AHEAD, &mut |d| {
         h.update(d);
         progress(d.len() as u64);
         Ok::<(), ArchiveError>(())
@@ -774,6 +718,7 @@ pub fn verify<A: ArchiveView + ?Sized>(a: &A, progress: &(dyn Fn(u64) + Sync)) -
 
 #[cfg(test)]
 mod tests {
+    use super::pipeline::each_decoded;
     use super::*;
     use crate::pack::{pack, PackOptions};
 
@@ -810,8 +755,8 @@ mod tests {
         (file, out)
     }
 
-    /// Blocks reach the sink whole and in order whatever the window (one
-    /// block, several, everything) and whether or not the next window
+    /// Blocks reach the sink whole and in order however far ahead the pool
+    /// may decode (one block, several, everything) and whether or not it
     /// decodes meanwhile (a one-thread pool does not pipeline).
     #[test]
     fn each_decoded_hands_every_block_in_order() {
@@ -820,30 +765,36 @@ mod tests {
         let keys = blocks_of(&a, 0).unwrap();
         assert!(keys.len() > 6, "{} blocks", keys.len());
         let prefix = a.prefix(0).unwrap().to_vec();
-        for threads in [1, 2] {
+        for threads in [1, 2, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            for window in [1, 1 << 20, 3 << 20, u64::MAX] {
+            // From one of the pool's threads (windows) and from this
+            // thread, outside any pool (the continuous pipeline, on the
+            // global pool).
+            for (ahead, inside) in [1, 1 << 20, 3 << 20, u64::MAX]
+                .into_iter()
+                .flat_map(|a| [(a, false), (a, true)])
+            {
                 let mut got = prefix.clone();
                 let mut calls = 0;
-                pool.install(|| {
-                    each_decoded(&a, &keys, window, &mut |d| {
+                let mut run = || {
+                    each_decoded(&a, &keys, ahead, &mut |d| {
                         got.extend_from_slice(d);
                         calls += 1;
                         Ok::<(), ArchiveError>(())
                     })
-                })
-                .unwrap();
-                assert_eq!(calls, keys.len(), "threads {threads} window {window}");
-                assert!(got == file, "threads {threads} window {window}");
+                };
+                if inside { pool.install(run) } else { run() }.unwrap();
+                assert_eq!(calls, keys.len(), "threads {threads} ahead {ahead}");
+                assert!(got == file, "threads {threads} ahead {ahead}");
             }
         }
     }
 
     /// A sink that fails stops the stream with its error, after the
-    /// window decoding meanwhile has finished (nothing is left running).
+    /// blocks decoding meanwhile have finished (nothing is left running).
     #[test]
     fn each_decoded_stops_at_the_sinks_error() {
         let (_, packed) = packed();
@@ -859,5 +810,47 @@ mod tests {
         });
         assert!(matches!(r, Err(WriteError::Write(e)) if e.to_string() == "disk full"));
         assert_eq!(calls, 3);
+    }
+
+    /// A block that fails to decode ends the stream with its error and no
+    /// block after it reaches the sink; outside a pool, and in a pool of
+    /// one thread, every block before it does.
+    #[test]
+    fn each_decoded_stops_at_a_damaged_block() {
+        let (_, mut packed) = packed();
+        let mid = packed.len() / 2;
+        packed[mid] ^= 0x40;
+        let a = ZstnArchive::from_bytes(packed, Path::new("t.zstn")).unwrap();
+        let keys = blocks_of(&a, 0).unwrap();
+        let bad = (0..keys.len())
+            .find(|&i| a.decode_block(keys[i]).is_err())
+            .expect("the flipped byte damages a block");
+        // 0: this thread, outside any pool (the continuous pipeline).
+        for threads in [0, 1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads.max(1))
+                .build()
+                .unwrap();
+            let mut calls = 0;
+            let mut run = || {
+                each_decoded(&a, &keys, 2 << 20, &mut |_| {
+                    calls += 1;
+                    Ok::<(), ArchiveError>(())
+                })
+            };
+            let r = if threads == 0 {
+                run()
+            } else {
+                pool.install(run)
+            };
+            assert!(matches!(r, Err(ArchiveError::Integrity { .. })), "{r:?}");
+            // Windows fail whole: a window's blocks before the damaged one
+            // may not be handed over.
+            if threads <= 1 {
+                assert_eq!(calls, bad, "threads {threads}");
+            } else {
+                assert!(calls <= bad, "threads {threads}: {calls} > {bad}");
+            }
+        }
     }
 }
