@@ -11,10 +11,13 @@
 //!
 //! Invariants: the sink sees every block exactly once, in order, or the run
 //! stops at the first error (a decode's or the sink's), which is returned;
-//! decoded bytes held at once stay under `ahead` plus one block.
+//! decoded bytes held at once stay under `ahead` plus one block (or one
+//! block per pool thread, when blocks are larger); a decoder that panicked
+//! is an error for its block, never a consumer waiting forever.
 
 use super::{ArchiveError, ArchiveView, BlockKey};
 use rayon::prelude::*;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -70,7 +73,16 @@ pub(super) fn each_decoded<A: ArchiveView + ?Sized, E: From<ArchiveError> + Send
                         if stop.load(Ordering::Relaxed) {
                             return;
                         }
-                        let d = a.decode_block(key);
+                        // A decoder must not panic; if one did, the
+                        // consumer waiting for this slot gets an error
+                        // instead of waiting forever.
+                        let d = catch_unwind(AssertUnwindSafe(|| a.decode_block(key)))
+                            .unwrap_or_else(|_| {
+                                Err(a.integrity(format!(
+                                    "decoding block {} of unit {} panicked",
+                                    key.block, key.unit
+                                )))
+                            });
                         lock(slots)[j] = Some(d);
                         ready.notify_all();
                     });
