@@ -97,26 +97,59 @@ fn check_decode_chunks(p: &[u8]) -> std::result::Result<(), TestCaseError> {
         } else {
             (ap.chunk_bounds(js.end - 1).end - ap.chunk_bounds(js.start).start) as usize
         };
-        let mut got = vec![0u8; len];
-        let r = ap.decode_chunks(js.clone(), &t, &mut got);
-        // tables for exactly this range work too
-        let tj = DecodeTables::for_chunks(&freqs, js.clone()).unwrap();
-        let mut got2 = vec![0u8; len];
-        let r2 = ap.decode_chunks(js.clone(), &tj, &mut got2);
-        match want {
-            Ok(w) => {
-                prop_assert!(r.is_ok(), "{js:?}: {r:?}");
-                prop_assert_eq!(&got, &w, "{:?}", js);
-                prop_assert!(r2.is_ok());
-                prop_assert_eq!(&got2, &w);
-            }
-            Err(e) => {
-                prop_assert_eq!(r, Err(e.clone()), "{:?}", js);
-                prop_assert_eq!(r2, Err(e));
+        // Both kinds of AVX2 gather, whichever this CPU would use.
+        for soft in gather_kinds() {
+            let _kind = ForceGathers::new(soft);
+            let mut got = vec![0u8; len];
+            let r = ap.decode_chunks(js.clone(), &t, &mut got);
+            // tables for exactly this range work too
+            let tj = DecodeTables::for_chunks(&freqs, js.clone()).unwrap();
+            let mut got2 = vec![0u8; len];
+            let r2 = ap.decode_chunks(js.clone(), &tj, &mut got2);
+            match &want {
+                Ok(w) => {
+                    prop_assert!(r.is_ok(), "{js:?} (soft gathers: {soft:?}): {r:?}");
+                    prop_assert_eq!(&got, w, "{:?} (soft gathers: {:?})", js, soft);
+                    prop_assert!(r2.is_ok());
+                    prop_assert_eq!(&got2, w);
+                }
+                Err(e) => {
+                    prop_assert_eq!(r, Err(e.clone()), "{:?}", js);
+                    prop_assert_eq!(r2, Err(e.clone()));
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The kinds of gather the AVX2 kernel is tested with (`None`: the CPU's).
+fn gather_kinds() -> Vec<Option<bool>> {
+    if cfg!(target_arch = "x86_64") {
+        vec![Some(false), Some(true)]
+    } else {
+        vec![None]
+    }
+}
+
+/// Makes this thread's AVX2 decoder use hardware gathers (`Some(false)`)
+/// or scalar loads (`Some(true)`) until dropped.
+struct ForceGathers;
+
+impl ForceGathers {
+    fn new(soft: Option<bool>) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        crate::codec::rans::avx2::FORCE_SOFT.with(|f| f.set(soft));
+        let _ = soft;
+        ForceGathers
+    }
+}
+
+impl Drop for ForceGathers {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        crate::codec::rans::avx2::FORCE_SOFT.with(|f| f.set(None));
+    }
 }
 
 fn random_table(r: &mut Rng) -> FreqTable {
