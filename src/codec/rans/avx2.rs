@@ -55,6 +55,32 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
+/// [`kernel`] with the `MODE` given at run time and the gathers this CPU
+/// wants ([`soft_gathers`]).
+///
+/// # Safety
+/// As [`kernel`]'s.
+pub(super) unsafe fn rounds<const NV: usize>(
+    mode: u8,
+    tabs: *const u8,
+    streams: *const u8,
+    st: &mut State<NV>,
+    rounds: usize,
+    stage: &mut [[[u32; 16]; NV]; BLOCK],
+    bits: u32,
+) {
+    let k = match (mode, soft_gathers()) {
+        (UNIFORM, true) => kernel::<NV, UNIFORM, true>,
+        (UNIFORM, false) => kernel::<NV, UNIFORM, false>,
+        (PACKED, true) => kernel::<NV, PACKED, true>,
+        (PACKED, false) => kernel::<NV, PACKED, false>,
+        (_, true) => kernel::<NV, TABLES, true>,
+        (_, false) => kernel::<NV, TABLES, false>,
+    };
+    // SAFETY: the caller keeps `kernel`'s contract.
+    unsafe { k(tabs, streams, st, rounds, stage, bits) }
+}
+
 /// Decode `rounds` rounds (4 symbols of each of 16 chunks per vector)
 /// into `stage[t][v][c]` (chunk c's 4 symbols of round t, little-endian):
 /// the AVX-512 kernel's contract (`vector::kernel`), with AVX2.
@@ -66,7 +92,7 @@ thread_local! {
 /// readable; `rounds <= BLOCK`.
 #[target_feature(enable = "avx2")]
 #[allow(clippy::needless_range_loop)]
-pub(super) unsafe fn kernel<const NV: usize, const MODE: u8, const SOFT: bool>(
+unsafe fn kernel<const NV: usize, const MODE: u8, const SOFT: bool>(
     tabs: *const u8,
     streams: *const u8,
     st: &mut State<NV>,

@@ -195,24 +195,12 @@ impl<'a, 'p, const NV: usize> Lanes<'a, 'p, NV> {
         // bytes at streams[pos[c]..], below `lim` by `safe` (asserted).
         unsafe {
             if !has_avx512() {
-                use super::avx2::kernel as k2;
-                if super::avx2::soft_gathers() {
-                    match self.mode {
-                        Mode::Uniform(bits) => {
-                            k2::<NV, UNIFORM, true>(tabs, streams, st, b, stage, bits)
-                        }
-                        Mode::Packed => k2::<NV, PACKED, true>(tabs, streams, st, b, stage, 0),
-                        Mode::Tables => k2::<NV, TABLES, true>(tabs, streams, st, b, stage, 0),
-                    }
-                    return;
-                }
-                match self.mode {
-                    Mode::Uniform(bits) => {
-                        k2::<NV, UNIFORM, false>(tabs, streams, st, b, stage, bits)
-                    }
-                    Mode::Packed => k2::<NV, PACKED, false>(tabs, streams, st, b, stage, 0),
-                    Mode::Tables => k2::<NV, TABLES, false>(tabs, streams, st, b, stage, 0),
-                }
+                let (mode, bits) = match self.mode {
+                    Mode::Uniform(bits) => (UNIFORM, bits),
+                    Mode::Packed => (PACKED, 0),
+                    Mode::Tables => (TABLES, 0),
+                };
+                super::avx2::rounds::<NV>(mode, tabs, streams, st, b, stage, bits);
                 return;
             }
             match self.mode {
