@@ -23,7 +23,7 @@
 //! scalar decoder's (the shared tests compare them on this CPU, with both
 //! kinds of gather).
 
-use super::vector::{State, BLOCK, PACKED, TABLES, UNIFORM};
+use super::vector::{Mode, State, BLOCK, PACKED, TABLES, UNIFORM};
 use super::DecodeTable;
 use std::arch::x86_64::*;
 
@@ -55,27 +55,27 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
-/// [`kernel`] with the `MODE` given at run time and the gathers this CPU
-/// wants ([`soft_gathers`]).
+/// [`kernel`] in `mode`, with the gathers this CPU wants
+/// ([`soft_gathers`]).
 ///
 /// # Safety
 /// As [`kernel`]'s.
 pub(super) unsafe fn rounds<const NV: usize>(
-    mode: u8,
+    mode: Mode,
     tabs: *const u8,
     streams: *const u8,
     st: &mut State<NV>,
     rounds: usize,
     stage: &mut [[[u32; 16]; NV]; BLOCK],
-    bits: u32,
 ) {
+    let bits = if let Mode::Uniform(b) = mode { b } else { 0 };
     let k = match (mode, soft_gathers()) {
-        (UNIFORM, true) => kernel::<NV, UNIFORM, true>,
-        (UNIFORM, false) => kernel::<NV, UNIFORM, false>,
-        (PACKED, true) => kernel::<NV, PACKED, true>,
-        (PACKED, false) => kernel::<NV, PACKED, false>,
-        (_, true) => kernel::<NV, TABLES, true>,
-        (_, false) => kernel::<NV, TABLES, false>,
+        (Mode::Uniform(_), true) => kernel::<NV, UNIFORM, true>,
+        (Mode::Uniform(_), false) => kernel::<NV, UNIFORM, false>,
+        (Mode::Packed, true) => kernel::<NV, PACKED, true>,
+        (Mode::Packed, false) => kernel::<NV, PACKED, false>,
+        (Mode::Tables, true) => kernel::<NV, TABLES, true>,
+        (Mode::Tables, false) => kernel::<NV, TABLES, false>,
     };
     // SAFETY: the caller keeps `kernel`'s contract.
     unsafe { k(tabs, streams, st, rounds, stage, bits) }

@@ -195,12 +195,7 @@ impl<'a, 'p, const NV: usize> Lanes<'a, 'p, NV> {
         // bytes at streams[pos[c]..], below `lim` by `safe` (asserted).
         unsafe {
             if !has_avx512() {
-                let (mode, bits) = match self.mode {
-                    Mode::Uniform(bits) => (UNIFORM, bits),
-                    Mode::Packed => (PACKED, 0),
-                    Mode::Tables => (TABLES, 0),
-                };
-                super::avx2::rounds::<NV>(mode, tabs, streams, st, b, stage, bits);
+                super::avx2::rounds::<NV>(self.mode, tabs, streams, st, b, stage);
                 return;
             }
             match self.mode {
@@ -429,7 +424,7 @@ unsafe fn transpose16(rows: &[[u32; 16]; 16], cols: &mut [[u8; 64]; 16]) {
 
 /// How the kernel finds a slot's symbol, frequency and offset.
 #[derive(Clone, Copy)]
-enum Mode {
+pub(super) enum Mode {
     /// Every table of the group is uniform over `0..2^b`: arithmetic only.
     Uniform(u32),
     /// Every table is coarse: one gather of `packed[slot / 4]`.
