@@ -405,3 +405,75 @@ fn blocks_decoded_while_the_base_is_checked_are_exact_or_errors() {
         }
     }
 }
+
+/// A token embedding of 8 MiB where a step moved 24 rows: its XOR is a
+/// sparse frame, one block over the whole tensor, decoded beside the base
+/// archive's many blocks. Reads at any offset are exact, and a damaged base
+/// gives an error, never wrong bytes.
+#[test]
+fn a_large_whole_frame_delta_over_a_base_archive_reads_exact() {
+    use common::{gauss_bf16, safetensors_file, Rng};
+    let (rows, cols) = (16384usize, 256usize);
+    let mut rng = Rng(11);
+    let embed = gauss_bf16(&mut rng, rows * cols, 0.02);
+    let norm = gauss_bf16(&mut rng, 4096, 1.0);
+    let mut moved = embed.clone();
+    for _ in 0..24 {
+        let r = rng.below(rows as u64) as usize;
+        let row = &mut moved[r * cols * 2..(r + 1) * cols * 2];
+        row.copy_from_slice(&gauss_bf16(&mut rng, cols, 0.02));
+    }
+    let file = |e: &[u8]| {
+        safetensors_file(
+            &[
+                (
+                    "embed.weight",
+                    "BF16",
+                    vec![rows as u64, cols as u64],
+                    e.to_vec(),
+                ),
+                ("norm.weight", "BF16", vec![4096], norm.clone()),
+            ],
+            None,
+        )
+    };
+    let (base, target) = (file(&embed), file(&moved));
+    let d = tempfile::tempdir().unwrap();
+    let p = |n: &str| d.path().join(n);
+    std::fs::write(p("base.safetensors"), &base).unwrap();
+    std::fs::write(p("target.safetensors"), &target).unwrap();
+    ok(&["pack", s(&p("base.safetensors")), "-o", s(&p("base.zstn"))]);
+    let delta = p("t.z4dm");
+    pack_delta(d.path(), &p("base.zstn"), &delta);
+
+    let a = ckptfs::archive::open(&delta).unwrap();
+    let whole = (0..a.units() as u32)
+        .find(|&u| a.unit_name(u) == "embed.weight")
+        .map(|u| a.grid(u).unwrap())
+        .unwrap();
+    assert_eq!(whole.blocks(), 1, "the sparse XOR is one block");
+    assert_eq!(whole.span(0).end, (rows * cols * 2) as u64);
+    let mut rng = Rng(5);
+    for _ in 0..8 {
+        let a = ckptfs::archive::open(&delta).unwrap();
+        let at = rng.below(target.len() as u64 - 4096) as usize;
+        let mut buf = vec![0u8; 4096];
+        assert_eq!(a.read_at(0, at as u64, &mut buf).unwrap(), 4096);
+        assert_eq!(buf, target[at..at + 4096], "4 KiB at {at}");
+    }
+    assert_eq!(unpack(&delta), target);
+
+    let good = std::fs::read(p("base.zstn")).unwrap();
+    let step = good.len() / 40;
+    for i in (step / 2..good.len()).step_by(step) {
+        let mut b = good.clone();
+        b[i] ^= 0x04;
+        std::fs::write(p("base.zstn"), &b).unwrap();
+        if let Ok(a) = ckptfs::archive::open(&delta) {
+            let mut out = Vec::new();
+            if ckptfs::archive::write_to(&*a, 0, &mut out, &|_| {}).is_ok() {
+                assert_eq!(out, target, "base flip at {i} served wrong bytes");
+            }
+        }
+    }
+}

@@ -44,6 +44,7 @@ use crate::codec::xor_delta::xor_into;
 use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN};
 use crate::format::digest::{xxh3_64, Xxh3};
 use crate::format::safetensors::{header_len, Header, TensorEntry};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
@@ -54,6 +55,9 @@ use std::sync::{Arc, OnceLock};
 
 /// The largest COPY block a reader accepts (ckptfs writes 1 MiB).
 const MAX_COPY_BLOCK: u64 = 64 << 20;
+/// A DELTA block longer than this (a frame that decodes whole: block grids
+/// are otherwise about 1 MiB) is decoded beside the base's bytes.
+const OVERLAP_MIN: u64 = 4 << 20;
 
 /// Where a delta's base is opened from.
 pub trait BaseFs: Send + Sync {
@@ -99,11 +103,12 @@ impl Base {
     pub fn read_exact(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         match self {
             Base::Archive(a) => {
-                let n = a.read_at(0, offset, buf)?;
-                if n != buf.len() {
-                    return Err(a.integrity(format!("short read at {offset}")));
-                }
-                Ok(())
+                let end = offset
+                    .checked_add(buf.len() as u64)
+                    .filter(|&e| e <= a.logical_len(0))
+                    .ok_or_else(|| a.integrity(format!("short read at {offset}")))?;
+                a.check_range(0, offset..end)?;
+                each_piece(&**a, offset, buf, <[u8]>::copy_from_slice)
             }
             Base::Plain { map, path } => {
                 let b = map.bytes();
@@ -138,15 +143,7 @@ impl Base {
                     .filter(|&e| e <= a.logical_len(0))
                     .ok_or_else(|| a.integrity(format!("short read at {offset}")))?;
                 a.check_range(0, offset..end)?;
-                for p in super::plan(&**a, 0, offset..end)? {
-                    let within = p.within.start as usize..p.within.end as usize;
-                    let dst = &mut out[p.out_offset as usize..][..within.len()];
-                    match p.source {
-                        PieceSource::Prefix => xor_into(dst, &a.prefix(0)?[within]),
-                        PieceSource::Block(k) => xor_into(dst, &a.decode_block(k)?[within]),
-                    }
-                }
-                Ok(())
+                each_piece(&**a, offset, out, xor_into)
             }
         }
     }
@@ -247,6 +244,35 @@ impl Base {
             .map_err(|e| short(format!("safetensors header: {e}")))?;
         Ok((8 + hl, h))
     }
+}
+
+/// Applies `op(dst, src)` to every piece of `out` and the presented bytes of
+/// `a` from `offset` (checked by the caller), decoding the blocks in
+/// parallel: a delta block that decodes whole (a sparse or opaque XOR frame
+/// of a large tensor) spans many base blocks, which a standalone read of
+/// the range would decode in parallel too.
+fn each_piece(
+    a: &dyn ArchiveView,
+    offset: u64,
+    out: &mut [u8],
+    op: fn(&mut [u8], &[u8]),
+) -> Result<()> {
+    let end = offset + out.len() as u64;
+    let mut jobs = Vec::new();
+    let mut rest = out;
+    for p in super::plan(a, 0, offset..end)? {
+        let within = p.within.start as usize..p.within.end as usize;
+        let (dst, tail) = std::mem::take(&mut rest).split_at_mut(within.len());
+        rest = tail;
+        jobs.push((p.source, within, dst));
+    }
+    jobs.into_par_iter().try_for_each(|(source, within, dst)| {
+        match source {
+            PieceSource::Prefix => op(dst, &a.prefix(0)?[within]),
+            PieceSource::Block(k) => op(dst, &a.decode_block(k)?[within]),
+        }
+        Ok(())
+    })
 }
 
 /// Opens the base `rel` of the archive at `from`. `depth_left`: how many
@@ -663,15 +689,44 @@ impl DeltaArchive {
                     out
                 }
                 DeltaKind::Delta => {
-                    let mut out = decode_unit_block(self, key, frame)?;
-                    if out.len() as u64 != span.end - span.start {
+                    let at = u.base_offset + span.start;
+                    let len = span.end - span.start;
+                    let overlap = matches!(self.base, Base::Archive(_)) && len > OVERLAP_MIN;
+                    // A large block (a whole-frame XOR of a large tensor)
+                    // over a base archive: its decode, which is serial,
+                    // runs beside the base's, which is parallel (at the cost
+                    // of one more buffer of the block's length meanwhile).
+                    let (mut out, base) = if overlap {
+                        let (out, base) = rayon::join(
+                            || decode_unit_block(self, key, frame),
+                            || -> Result<Vec<u8>> {
+                                self.check_base_for_block()?;
+                                let mut v = crate::codec::buffers::take(len, "a base block")
+                                    .map_err(|e| self.frame_error(key.unit, e))?;
+                                self.base.read_exact(at, &mut v)?;
+                                Ok(v)
+                            },
+                        );
+                        (out?, Some(base?))
+                    } else {
+                        (decode_unit_block(self, key, frame)?, None)
+                    };
+                    if out.len() as u64 != len {
                         return Err(self.unit_integrity(
                             key.unit,
                             format!("block {b} decodes to {} bytes", out.len()),
                         ));
                     }
-                    self.check_base_for_block()?;
-                    self.base.xor_into(u.base_offset + span.start, &mut out)?;
+                    match base {
+                        Some(base) => out
+                            .par_chunks_mut(1 << 20)
+                            .zip(base.par_chunks(1 << 20))
+                            .for_each(|(o, b)| xor_into(o, b)),
+                        None => {
+                            self.check_base_for_block()?;
+                            self.base.xor_into(at, &mut out)?;
+                        }
+                    }
                     out
                 }
             })
