@@ -299,6 +299,10 @@ pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Re
 /// name length, begin, end, kind, frame length and a DELTA's Z4DL header.
 const RECORD_HEAD_FIXED: u64 = 2 + 8 + 8 + 1 + 8 + delta::Z4DL_HEADER as u64;
 
+/// Bytes of each record read ahead when a local delta is opened: its
+/// fixed part and a name of up to a few KiB.
+const RECORD_HEAD_AHEAD: u64 = 8 << 10;
+
 /// Over a remote copy: fetches what [`DeltaArchive::from_backing`] reads
 /// (`super::remote_metadata`): the CKD1 trailer, the Z4DM head (header
 /// JSON, lengths, digest) and each record's bytes before its frame, where
@@ -427,6 +431,13 @@ impl DeltaArchive {
                 head.n_records,
                 trailer.units.len()
             )));
+        }
+        // The records are read one after another below, each where its
+        // frame begins: ask for all their heads at once, so that a cold
+        // open waits for one round of reads, not one per record.
+        for u in &trailer.units {
+            let at = u.record_offset;
+            map.will_need(at..at.saturating_add(u.record_len.min(RECORD_HEAD_AHEAD)));
         }
         let mut records = Vec::with_capacity(trailer.units.len());
         let mut heads = Vec::with_capacity(trailer.units.len());
