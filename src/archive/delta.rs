@@ -248,9 +248,9 @@ impl Base {
 
 /// Applies `op(dst, src)` to every piece of `out` and the presented bytes of
 /// `a` from `offset` (checked by the caller), decoding the blocks in
-/// parallel: a delta block that decodes whole (a sparse or opaque XOR frame
-/// of a large tensor) spans many base blocks, which a standalone read of
-/// the range would decode in parallel too.
+/// parallel when the range is long: a delta block that decodes whole (a
+/// sparse or opaque XOR frame of a large tensor) spans many base blocks,
+/// which a standalone read of the range would decode in parallel too.
 fn each_piece(
     a: &dyn ArchiveView,
     offset: u64,
@@ -266,13 +266,19 @@ fn each_piece(
         rest = tail;
         jobs.push((p.source, within, dst));
     }
-    jobs.into_par_iter().try_for_each(|(source, within, dst)| {
+    let one = |(source, within, dst): (PieceSource, Range<usize>, &mut [u8])| {
         match source {
             PieceSource::Prefix => op(dst, &a.prefix(0)?[within]),
             PieceSource::Block(k) => op(dst, &a.decode_block(k)?[within]),
         }
         Ok(())
-    })
+    };
+    // A usual block's range spans a base block or two: decoded here, so a
+    // reader's thread does not queue behind the pool's prefetch work.
+    if end - offset <= OVERLAP_MIN {
+        return jobs.into_iter().try_for_each(one);
+    }
+    jobs.into_par_iter().try_for_each(one)
 }
 
 /// Opens the base `rel` of the archive at `from`. `depth_left`: how many
