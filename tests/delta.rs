@@ -338,19 +338,26 @@ fn a_damaged_base_never_serves_wrong_bytes() {
     let p = |n: &str| d.path().join(n);
     let delta = p("t.z4dm");
     pack_delta(d.path(), &p("base.zstn"), &delta);
-    let base = std::fs::read(p("base.zstn")).unwrap();
-    let step = (base.len() / 300).max(1);
-    for i in (0..base.len()).step_by(step) {
-        let mut b = base.clone();
-        b[i] ^= 0x10;
-        std::fs::write(p("base.zstn"), &b).unwrap();
-        if let Ok(a) = ckptfs::archive::open(&delta) {
+    base_flips_never_serve_wrong_bytes(&delta, &p("base.zstn"), &target, 300, 0x10);
+}
+
+/// Flips one bit of `base` at `n` evenly spaced offsets, one at a time:
+/// reading the whole of `delta` then either fails or gives `target`.
+fn base_flips_never_serve_wrong_bytes(delta: &Path, base: &Path, target: &[u8], n: usize, bit: u8) {
+    let good = std::fs::read(base).unwrap();
+    let step = (good.len() / n).max(1);
+    for i in (0..good.len()).step_by(step) {
+        let mut b = good.clone();
+        b[i] ^= bit;
+        std::fs::write(base, &b).unwrap();
+        if let Ok(a) = ckptfs::archive::open(delta) {
             let mut out = Vec::new();
             if ckptfs::archive::write_to(&*a, 0, &mut out, &|_| {}).is_ok() {
                 assert_eq!(out, target, "base flip at {i} served wrong bytes");
             }
         }
     }
+    std::fs::write(base, &good).unwrap();
 }
 
 #[test]
@@ -463,17 +470,5 @@ fn a_large_whole_frame_delta_over_a_base_archive_reads_exact() {
     }
     assert_eq!(unpack(&delta), target);
 
-    let good = std::fs::read(p("base.zstn")).unwrap();
-    let step = good.len() / 40;
-    for i in (step / 2..good.len()).step_by(step) {
-        let mut b = good.clone();
-        b[i] ^= 0x04;
-        std::fs::write(p("base.zstn"), &b).unwrap();
-        if let Ok(a) = ckptfs::archive::open(&delta) {
-            let mut out = Vec::new();
-            if ckptfs::archive::write_to(&*a, 0, &mut out, &|_| {}).is_ok() {
-                assert_eq!(out, target, "base flip at {i} served wrong bytes");
-            }
-        }
-    }
+    base_flips_never_serve_wrong_bytes(&delta, &p("base.zstn"), &target, 40, 0x04);
 }
