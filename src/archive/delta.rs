@@ -55,8 +55,9 @@ use std::sync::{Arc, OnceLock};
 
 /// The largest COPY block a reader accepts (ckptfs writes 1 MiB).
 const MAX_COPY_BLOCK: u64 = 64 << 20;
-/// A DELTA block longer than this (a frame that decodes whole: block grids
-/// are otherwise about 1 MiB) is decoded beside the base's bytes.
+/// A DELTA block longer than this (a `ZSP1` frame, which decodes whole:
+/// block grids are otherwise about 1 MiB) is decoded beside the base's
+/// bytes, and a base range longer than this is decoded in parallel.
 const OVERLAP_MIN: u64 = 4 << 20;
 
 /// Where a delta's base is opened from.
@@ -248,8 +249,8 @@ impl Base {
 
 /// Applies `op(dst, src)` to every piece of `out` and the presented bytes of
 /// `a` from `offset` (checked by the caller), decoding the blocks in
-/// parallel when the range is long: a delta block that decodes whole (a
-/// sparse or opaque XOR frame of a large tensor) spans many base blocks,
+/// parallel when the range is long: a delta block that decodes whole (the
+/// `ZSP1` sparse XOR frame of a large tensor) spans many base blocks,
 /// which a standalone read of the range would decode in parallel too.
 fn each_piece(
     a: &dyn ArchiveView,
