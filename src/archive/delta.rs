@@ -102,31 +102,18 @@ impl Base {
     }
     /// Fills `buf` with presented bytes from `offset` (all inside).
     pub fn read_exact(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        match self {
-            Base::Archive(a) => {
-                let end = offset
-                    .checked_add(buf.len() as u64)
-                    .filter(|&e| e <= a.logical_len(0))
-                    .ok_or_else(|| a.integrity(format!("short read at {offset}")))?;
-                a.check_range(0, offset..end)?;
-                each_piece(&**a, offset, buf, <[u8]>::copy_from_slice)
-            }
-            Base::Plain { map, path } => {
-                let b = map.bytes();
-                let r = offset as usize..offset as usize + buf.len();
-                buf.copy_from_slice(b.get(r).ok_or_else(|| ArchiveError::Integrity {
-                    path: path.clone(),
-                    what: format!("no bytes at {offset}"),
-                })?);
-                Ok(())
-            }
-        }
+        self.apply(offset, buf, <[u8]>::copy_from_slice)
     }
     /// XORs the presented bytes from `offset` into `out` (all inside),
     /// without an intermediate copy: straight from the map of a plain
     /// base, block by block from a base archive (a ckptfs base of the same
     /// tensor has the delta's block grid, so this decodes one block).
     pub fn xor_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.apply(offset, out, xor_into)
+    }
+    /// Applies `op(dst, src)` to `out` and the presented bytes from
+    /// `offset` (all inside).
+    fn apply(&self, offset: u64, out: &mut [u8], op: fn(&mut [u8], &[u8])) -> Result<()> {
         let end = offset.checked_add(out.len() as u64);
         match self {
             Base::Plain { map, path } => {
@@ -136,7 +123,7 @@ impl Base {
                         path: path.clone(),
                         what: format!("no bytes at {offset}"),
                     })?;
-                xor_into(out, b);
+                op(out, b);
                 Ok(())
             }
             Base::Archive(a) => {
@@ -144,7 +131,7 @@ impl Base {
                     .filter(|&e| e <= a.logical_len(0))
                     .ok_or_else(|| a.integrity(format!("short read at {offset}")))?;
                 a.check_range(0, offset..end)?;
-                each_piece(&**a, offset, out, xor_into)
+                each_piece(&**a, offset, out, op)
             }
         }
     }
@@ -442,9 +429,26 @@ impl DeltaArchive {
         // The records are read one after another below, each where its
         // frame begins: ask for all their heads at once, so that a cold
         // open waits for one round of reads, not one per record.
+        // Heads closer than RECORD_HEAD_AHEAD go in one request, so that
+        // an archive of many small tensors takes few calls.
+        let mut ahead: Option<Range<u64>> = None;
         for u in &trailer.units {
             let at = u.record_offset;
-            map.will_need(at..at.saturating_add(u.record_len.min(RECORD_HEAD_AHEAD)));
+            let head = at..at.saturating_add(u.record_len.min(RECORD_HEAD_AHEAD));
+            ahead = match ahead {
+                Some(r) if head.start <= r.end.saturating_add(RECORD_HEAD_AHEAD) => {
+                    Some(r.start..r.end.max(head.end))
+                }
+                r => {
+                    if let Some(r) = r {
+                        map.will_need(r);
+                    }
+                    Some(head)
+                }
+            };
+        }
+        if let Some(r) = ahead {
+            map.will_need(r);
         }
         let mut records = Vec::with_capacity(trailer.units.len());
         let mut heads = Vec::with_capacity(trailer.units.len());
