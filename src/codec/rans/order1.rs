@@ -24,17 +24,26 @@ const O1_MODEL_MAX: usize = 256 * (3 + 256 * 3);
 // Method 5: order-1
 // ---------------------------------------------------------------------------
 
-/// Order-1 decode tables: for each present context row, 4096 packed entries
-/// `sym | (freq-1) << 8 | (slot-cum) << 20`, plus one "poison" row (decodes
-/// symbol 0 and leaves the state unchanged) for contexts without a row.
+/// Order-1 decode tables: 256 rows of 4096 packed entries
+/// `sym | (freq-1) << 8 | (slot-cum) << 20`, the row of context `c` at
+/// `c << 12`, so that the next row's offset is the decoded symbol shifted
+/// (no lookup between one step and the next). Rows of absent contexts are
+/// left zero and never written (the allocation is zeroed lazily, so they
+/// cost address space, not memory): an entry of zero decodes symbol 0 with
+/// frequency 1, which keeps the state in range, and a payload that reaches
+/// such a row is reported as an error after decoding.
 struct O1Model {
-    tab: Vec<u32>,
-    /// Offset of each context's row in `tab`.
-    rowbase: [u32; 256],
+    tab: Box<[u32; 1 << 20]>,
     present: [bool; 256],
     /// Some present row gives non-zero probability to a symbol without a row
     /// (legal only if that symbol only ends segments): check after decoding.
     missing_reachable: bool,
+}
+
+/// Offset in [`O1Model::tab`] of the row of the context `sym`.
+#[inline(always)]
+fn row_of(sym: u32) -> u32 {
+    (sym & 0xFF) << O1_PROB_BITS
 }
 
 impl O1Model {
@@ -84,7 +93,6 @@ impl O1Model {
             }
         }
         let mut present = [false; 256];
-        let mut nrows = 0usize;
         for (ctx, row) in freq.iter().enumerate() {
             let sum: u32 = row.iter().map(|&v| u32::from(v)).sum();
             if sum == 0 {
@@ -96,23 +104,19 @@ impl O1Model {
                 )));
             }
             present[ctx] = true;
-            nrows += 1;
         }
         let rs = O1_SCALE as usize;
-        let mut tab = vec![0u32; (nrows + 1) * rs];
-        let poison = nrows * rs;
-        for (slot, e) in tab[poison..].iter_mut().enumerate() {
-            *e = ((O1_SCALE - 1) << 8) | ((slot as u32) << 20);
-        }
-        let mut rowbase = [poison as u32; 256];
+        // 4 MiB whatever the payload says, asked for zeroed (`alloc_zeroed`).
+        let mut tab: Box<[u32; 1 << 20]> = vec![0u32; 256 * rs]
+            .into_boxed_slice()
+            .try_into()
+            .expect("256 rows of 4096");
         let mut missing_reachable = false;
-        let mut r = 0usize;
         for ctx in 0..256 {
             if !present[ctx] {
                 continue;
             }
-            rowbase[ctx] = (r * rs) as u32;
-            let row = &mut tab[r * rs..(r + 1) * rs];
+            let row = &mut tab[ctx * rs..(ctx + 1) * rs];
             let mut cum = 0usize;
             for (s, &f) in freq[ctx].iter().enumerate() {
                 if f == 0 {
@@ -126,18 +130,17 @@ impl O1Model {
                 }
                 cum += f;
             }
-            r += 1;
         }
         Ok(O1Model {
             tab,
-            rowbase,
             present,
             missing_reachable,
         })
     }
 }
 
-/// One order-1 step: `base` is the current context's row offset.
+/// One order-1 step: `base` is the current context's row offset
+/// ([`row_of`]).
 #[inline(always)]
 fn o1_step(
     x: &mut u32,
@@ -147,9 +150,7 @@ fn o1_step(
     read2: impl Fn(usize) -> u32,
 ) -> u8 {
     let v = *x;
-    let slot = v & (O1_SCALE - 1);
-    let e = m.tab[(*base + slot) as usize];
-    let s = e as u8;
+    let e = m.entry(*base, v);
     let f = ((e >> 8) & 0xFFF) + 1;
     let v = f * (v >> O1_PROB_BITS) + (e >> 20);
     let nb = u32::from(v < RANS_L) + u32::from(v < (RANS_L >> 8));
@@ -157,16 +158,32 @@ fn o1_step(
     let two = read2(*p);
     *x = (v << sh) | (two >> (16 - sh));
     *p += nb as usize;
-    *base = m.rowbase[s as usize];
-    s
+    *base = row_of(e);
+    e as u8
 }
 
-/// Decode one order-1 chunk (4 segments) into `out`.
-fn o1_decode_chunk(m: &O1Model, payload: &[u8], out: &mut [u8]) -> Result<()> {
-    let cn = out.len() as u64;
-    if cn == 0 {
-        return Ok(());
+impl O1Model {
+    /// The entry for state `x` in the row at `base`.
+    #[inline(always)]
+    fn entry(&self, base: u32, x: u32) -> u32 {
+        self.tab[((base | (x & (O1_SCALE - 1))) & 0xF_FFFF) as usize]
     }
+}
+
+/// One segment being decoded: its state, context row, position in its
+/// substream, and its output.
+struct Segment<'a> {
+    x: u32,
+    base: u32,
+    pos: usize,
+    sub: &'a [u8],
+    out: &'a mut [u8],
+}
+
+/// The 4 segments of one chunk (`payload`, decoding to `out`), checked and
+/// ready to decode.
+fn o1_segments<'a>(payload: &'a [u8], out: &'a mut [u8]) -> Result<[Segment<'a>; O1_NSEG]> {
+    let cn = out.len() as u64;
     let mut c = Cursor::new(payload);
     let mut sublens = [0u64; O1_NSEG];
     for s in &mut sublens {
@@ -180,7 +197,6 @@ fn o1_decode_chunk(m: &O1Model, payload: &[u8], out: &mut [u8]) -> Result<()> {
     let b: [usize; O1_NSEG + 1] =
         std::array::from_fn(|l| (cn * l as u64 / O1_NSEG as u64) as usize);
     let mut x = [0u32; O1_NSEG];
-    let mut pos = [4usize; O1_NSEG];
     for l in 0..O1_NSEG {
         if b[l + 1] > b[l] {
             if subs[l].len() < 4 {
@@ -199,46 +215,48 @@ fn o1_decode_chunk(m: &O1Model, payload: &[u8], out: &mut [u8]) -> Result<()> {
             }
         }
     }
-    if !m.present[0] {
-        return Err(rans_err("order-1 model has no row for context 0"));
-    }
     let (o0, rest) = out.split_at_mut(b[1]);
     let (o1, rest) = rest.split_at_mut(b[2] - b[1]);
     let (o2, o3) = rest.split_at_mut(b[3] - b[2]);
-    let mut base = [m.rowbase[0]; O1_NSEG];
-    // Lock-step over the common length (segments differ by at most 1).
-    let common = o0.len().min(o1.len()).min(o2.len()).min(o3.len());
+    let mut outs = [o0, o1, o2, o3].into_iter();
+    Ok(std::array::from_fn(|l| Segment {
+        x: x[l],
+        base: row_of(0),
+        pos: 4,
+        sub: subs[l],
+        out: outs.next().expect("4 segments"),
+    }))
+}
+
+/// Decodes `segs` to the end: their common length in lock-step (each
+/// segment is an independent chain of table loads, so N of them keep N
+/// loads in flight), then each one's remaining symbols. A segment that
+/// used a context without a row is an error.
+fn o1_decode_segments<const N: usize>(m: &O1Model, segs: &mut [Segment<'_>; N]) -> Result<()> {
+    let common = segs.iter().map(|s| s.out.len()).min().unwrap_or(0);
     let mut i = 0usize;
     while i < common {
-        let safe = (0..O1_NSEG)
-            .map(|l| subs[l].len().saturating_sub(pos[l]) / 2)
+        let safe = segs
+            .iter()
+            .map(|s| s.sub.len().saturating_sub(s.pos) / 2)
             .min()
-            .unwrap();
+            .unwrap_or(0);
         let batch = safe.min(common - i);
         if batch >= 8 {
-            let [mut x0, mut x1, mut x2, mut x3] = x;
-            let [mut b0, mut b1, mut b2, mut b3] = base;
-            // Stream positions as pointers and one output index for the four
-            // segments: the whole loop state then fits in registers (with
-            // slice positions and four output slices it spilled, and a state
-            // kept on the stack puts a store-to-load delay on every step).
-            // SAFETY: pos[l] <= subs[l].len() (checked by `safe` above).
-            let q: [*const u8; O1_NSEG] =
-                std::array::from_fn(|l| unsafe { subs[l].as_ptr().add(pos[l]) });
-            let [mut q0, mut q1, mut q2, mut q3] = q;
-            let outs: [&mut [u8]; O1_NSEG] = [
-                &mut o0[i..i + batch],
-                &mut o1[i..i + batch],
-                &mut o2[i..i + batch],
-                &mut o3[i..i + batch],
-            ];
-            let [w0, w1, w2, w3] = outs.map(|o| o.as_mut_ptr());
-            let tab = &m.tab[..];
-            let rows = &m.rowbase;
-            macro_rules! step {
-                ($x:ident, $b:ident, $q:ident) => {{
-                    let v = $x;
-                    let e = tab[($b + (v & (O1_SCALE - 1))) as usize];
+            let mut x: [u32; N] = std::array::from_fn(|l| segs[l].x);
+            let mut base: [u32; N] = std::array::from_fn(|l| segs[l].base);
+            // Stream positions as pointers and the outputs as pointers, so
+            // that the loop state stays in registers (slice positions and
+            // output slices spilled, and a state kept on the stack puts a
+            // store-to-load delay on every step).
+            // SAFETY: pos <= sub.len() (checked by `safe` above).
+            let mut q: [*const u8; N] =
+                std::array::from_fn(|l| unsafe { segs[l].sub.as_ptr().add(segs[l].pos) });
+            let w: [*mut u8; N] = std::array::from_fn(|l| segs[l].out[i..i + batch].as_mut_ptr());
+            for t in 0..batch {
+                for l in 0..N {
+                    let v = x[l];
+                    let e = m.entry(base[l], v);
                     let f = ((e >> 8) & 0xFFF) + 1;
                     let v = f * (v >> O1_PROB_BITS) + (e >> 20);
                     let nb = u32::from(v < RANS_L) + u32::from(v < (RANS_L >> 8));
@@ -247,71 +265,62 @@ fn o1_decode_chunk(m: &O1Model, payload: &[u8], out: &mut [u8]) -> Result<()> {
                     // and each step advances by at most 2, so the 2 bytes
                     // read here lie inside the substream.
                     let two = u32::from(u16::from_be_bytes(unsafe {
-                        $q.cast::<[u8; 2]>().read_unaligned()
+                        q[l].cast::<[u8; 2]>().read_unaligned()
                     }));
-                    $x = (v << sh) | (two >> (16 - sh));
+                    x[l] = (v << sh) | (two >> (16 - sh));
                     // SAFETY: as above, the new position stays inside.
-                    $q = unsafe { $q.add(nb as usize) };
-                    $b = rows[(e & 0xFF) as usize];
-                    e as u8
-                }};
-            }
-            for t in 0..batch {
-                let (s0, s1, s2, s3) = (
-                    step!(x0, b0, q0),
-                    step!(x1, b1, q1),
-                    step!(x2, b2, q2),
-                    step!(x3, b3, q3),
-                );
-                // SAFETY: t < batch, the length of each output window.
-                unsafe {
-                    *w0.add(t) = s0;
-                    *w1.add(t) = s1;
-                    *w2.add(t) = s2;
-                    *w3.add(t) = s3;
+                    q[l] = unsafe { q[l].add(nb as usize) };
+                    base[l] = row_of(e);
+                    // SAFETY: t < batch, the length of each output window.
+                    unsafe { *w[l].add(t) = e as u8 };
                 }
             }
-            x = [x0, x1, x2, x3];
-            base = [b0, b1, b2, b3];
-            // SAFETY: each q[l] was derived from subs[l] and stays inside it.
-            let q = [q0, q1, q2, q3];
-            pos = std::array::from_fn(|l| unsafe { q[l].offset_from(subs[l].as_ptr()) } as usize);
+            for (l, s) in segs.iter_mut().enumerate() {
+                s.x = x[l];
+                s.base = base[l];
+                // SAFETY: q[l] was derived from s.sub and stays inside it.
+                s.pos = unsafe { q[l].offset_from(s.sub.as_ptr()) } as usize;
+            }
             i += batch;
         } else {
-            o0[i] = o1_step(&mut x[0], &mut base[0], m, &mut pos[0], |p| {
-                careful_read(subs[0], p)
-            });
-            o1[i] = o1_step(&mut x[1], &mut base[1], m, &mut pos[1], |p| {
-                careful_read(subs[1], p)
-            });
-            o2[i] = o1_step(&mut x[2], &mut base[2], m, &mut pos[2], |p| {
-                careful_read(subs[2], p)
-            });
-            o3[i] = o1_step(&mut x[3], &mut base[3], m, &mut pos[3], |p| {
-                careful_read(subs[3], p)
-            });
+            for s in segs.iter_mut() {
+                let sub = s.sub;
+                s.out[i] = o1_step(&mut s.x, &mut s.base, m, &mut s.pos, |p| {
+                    careful_read(sub, p)
+                });
+            }
             i += 1;
         }
     }
-    let segs: [&mut [u8]; O1_NSEG] = [o0, o1, o2, o3];
-    for (l, seg) in segs.into_iter().enumerate() {
-        for o in seg[common..].iter_mut() {
-            *o = o1_step(&mut x[l], &mut base[l], m, &mut pos[l], |p| {
-                careful_read(subs[l], p)
+    for s in segs.iter_mut() {
+        let sub = s.sub;
+        for o in s.out[common..].iter_mut() {
+            *o = o1_step(&mut s.x, &mut s.base, m, &mut s.pos, |p| {
+                careful_read(sub, p)
             });
         }
-        if m.missing_reachable && seg.len() > 1 {
-            // A symbol with no row was used as a context (the poison row
+        if m.missing_reachable && s.out.len() > 1 {
+            // A symbol with no row was used as a context (its zero row
             // decoded garbage from then on): the payload is invalid.
-            if let Some(&s) = seg[..seg.len() - 1]
+            if let Some(&c) = s.out[..s.out.len() - 1]
                 .iter()
-                .find(|&&s| !m.present[usize::from(s)])
+                .find(|&&c| !m.present[usize::from(c)])
             {
-                return Err(rans_err(format!("order-1 context {s} has no model row")));
+                return Err(rans_err(format!("order-1 context {c} has no model row")));
             }
         }
     }
     Ok(())
+}
+
+/// Decodes one order-1 chunk (4 segments in lock-step) into `out`. (Two
+/// chunks' eight segments in lock-step measured no faster on a Zen 3:
+/// their loop state no longer fits in registers.)
+fn o1_decode_chunk(m: &O1Model, payload: &[u8], out: &mut [u8]) -> Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    o1_decode_segments(m, &mut o1_segments(payload, out)?)
 }
 
 /// Plane method 5 (order-1): decode the whole payload into `out`
@@ -349,6 +358,9 @@ pub fn decode_method5(payload: &[u8], out: &mut [u8]) -> Result<()> {
     let body = c.rest();
     let starts = chunk_offsets(clens, body.len(), "order-1 chunk payloads")?;
     let model = O1Model::from_blob(blob)?;
+    if !model.present[0] {
+        return Err(rans_err("order-1 model has no row for context 0"));
+    }
     let parts = split_chunks(out, k);
     let job =
         |(j, o): (usize, &mut [u8])| o1_decode_chunk(&model, &body[starts[j]..starts[j + 1]], o);
