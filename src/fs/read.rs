@@ -334,10 +334,17 @@ impl CheckpointFs {
         let n = (size as u64).min(len - offset);
         let ahead = {
             let mut seq = h.seq.lock();
-            match seq.on_read(offset, n, len, &self.policy) {
-                None if seq.window() == 0 => unit_start_in(&**archive, *file, offset..offset + n)
-                    .and_then(|start| seq.start_unit(offset + n, start, len, &self.policy)),
-                r => r,
+            let unit_start = |seq: &mut Sequential| {
+                unit_start_in(&**archive, *file, offset..offset + n)
+                    .and_then(|start| seq.start_unit(offset + n, start, len, &self.policy))
+            };
+            if seq.fills_hole(offset, n, &self.policy) {
+                unit_start(&mut seq)
+            } else {
+                match seq.on_read(offset, n, len, &self.policy) {
+                    None if seq.window() == 0 => unit_start(&mut seq),
+                    r => r,
+                }
             }
         };
         if let Some(range) = ahead {
