@@ -3,8 +3,9 @@
 //! per context byte) and `k` chunks of 4 segments each.
 //!
 //! Invariants: the model is checked (rows sum to 4096, context 0 present)
-//! before decoding; a context without a row decodes through a "poison" row
-//! and is reported as an error afterwards, so a bad payload gives an error,
+//! before decoding; a context without a row decodes through a row of zero
+//! entries (every index stays inside the fixed 256-row table) and is
+//! reported as an error afterwards, so a bad payload gives an error,
 //! never a panic or an out-of-bounds read. Output is exactly `out.len()`.
 
 use super::{
