@@ -58,6 +58,14 @@ fi
 # huggingface_hub, transformers and torch for tests/mount_hf_cache.rs.
 stamp_hf="$VENV/.ckptfs-requirements-hf"
 if ! cmp -s scripts/requirements-hf.txt "$stamp_hf"; then
+  # torch's CUDA libraries (about 3 GB installed) a few at a time, so that
+  # the downloaded wheels and the installed venv never both hold all of
+  # them (see scripts/requirements-torch-libs.txt).
+  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    grep -v -e '^#' -e '^$' scripts/requirements-torch-libs.txt | while read -r req; do
+      pip_install "$req"
+    done
+  fi
   pip_install -r scripts/requirements-hf.txt
   cp scripts/requirements-hf.txt "$stamp_hf"
 fi
