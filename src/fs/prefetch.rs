@@ -81,7 +81,7 @@ impl Sequential {
         p: &Policy,
     ) -> Option<Range<u64>> {
         let end = offset.saturating_add(len).min(file_len);
-        let slack = self.window.max(p.slack);
+        let slack = self.slack(p);
         let sequential =
             offset <= self.next.saturating_add(slack) && offset.saturating_add(slack) >= self.next;
         if !sequential {
@@ -114,7 +114,13 @@ impl Sequential {
     pub fn fills_hole(&self, offset: u64, len: u64, p: &Policy) -> bool {
         len < FILL_MAX
             && (offset > self.next.saturating_add(len)
-                || offset.saturating_add(self.window.max(p.slack)) < self.next)
+                || offset.saturating_add(self.slack(p)) < self.next)
+    }
+
+    /// How far from where the stream would continue a read may start and
+    /// still belong to it: one window, at least the policy's `slack`.
+    fn slack(&self, p: &Policy) -> u64 {
+        self.window.max(p.slack)
     }
 
     /// A read that was not sequential but covers the first byte of a

@@ -230,10 +230,10 @@ fn o1_segments<'a>(payload: &'a [u8], out: &'a mut [u8]) -> Result<[Segment<'a>;
 }
 
 /// Decodes `segs` to the end: their common length in lock-step (each
-/// segment is an independent chain of table loads, so N of them keep N
+/// segment is an independent chain of table loads, so the four keep four
 /// loads in flight), then each one's remaining symbols. A segment that
 /// used a context without a row is an error.
-fn o1_decode_segments<const N: usize>(m: &O1Model, segs: &mut [Segment<'_>; N]) -> Result<()> {
+fn o1_decode_segments(m: &O1Model, segs: &mut [Segment<'_>; O1_NSEG]) -> Result<()> {
     let common = segs.iter().map(|s| s.out.len()).min().unwrap_or(0);
     let mut i = 0usize;
     while i < common {
@@ -244,18 +244,19 @@ fn o1_decode_segments<const N: usize>(m: &O1Model, segs: &mut [Segment<'_>; N]) 
             .unwrap_or(0);
         let batch = safe.min(common - i);
         if batch >= 8 {
-            let mut x: [u32; N] = std::array::from_fn(|l| segs[l].x);
-            let mut base: [u32; N] = std::array::from_fn(|l| segs[l].base);
+            let mut x: [u32; O1_NSEG] = std::array::from_fn(|l| segs[l].x);
+            let mut base: [u32; O1_NSEG] = std::array::from_fn(|l| segs[l].base);
             // Stream positions as pointers and the outputs as pointers, so
             // that the loop state stays in registers (slice positions and
             // output slices spilled, and a state kept on the stack puts a
             // store-to-load delay on every step).
             // SAFETY: pos <= sub.len() (checked by `safe` above).
-            let mut q: [*const u8; N] =
+            let mut q: [*const u8; O1_NSEG] =
                 std::array::from_fn(|l| unsafe { segs[l].sub.as_ptr().add(segs[l].pos) });
-            let w: [*mut u8; N] = std::array::from_fn(|l| segs[l].out[i..i + batch].as_mut_ptr());
+            let w: [*mut u8; O1_NSEG] =
+                std::array::from_fn(|l| segs[l].out[i..i + batch].as_mut_ptr());
             for t in 0..batch {
-                for l in 0..N {
+                for l in 0..O1_NSEG {
                     let v = x[l];
                     let e = m.entry(base[l], v);
                     let f = ((e >> 8) & 0xFFF) + 1;
