@@ -75,7 +75,7 @@ fi
 # triton is torch's GPU kernel compiler (1 GB installed); the tests run torch
 # on the CPU, and neither torch nor transformers imports it unless it is
 # there. Removed so the venv leaves room for the builds on a small disk.
-if [ -d "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/triton" ]; then
+if "$VENV/bin/pip" show -q triton >/dev/null 2>&1; then
   "$VENV/bin/pip" uninstall -q -y triton
 fi
 # llama.cpp for tests/export_llama.rs and tests/mount_gguf.rs: the wheel
