@@ -93,7 +93,7 @@ pub(super) unsafe fn encode_quads(
 /// Per dword: bytes 2 and 3 take the source's bytes 1 and 0, bytes 0 and 1
 /// are zero; stored at `p - 4`, the state's low byte lands at `p - 1` and
 /// the next at `p - 2`, as `order0::enc_put` writes them.
-const BSWAP_LOW16: [u32; 16] = {
+pub(super) const BSWAP_LOW16: [u32; 16] = {
     let mut t = [0u32; 16];
     let mut i = 0;
     while i < 16 {

@@ -30,7 +30,8 @@
 //! * `vector.rs`: the vector decoder of method-4 chunk groups (x86-64 only)
 //!   and its AVX-512 kernel; `avx2.rs`: its AVX2 kernel;
 //! * `enc_avx512.rs`: its mirror, the AVX-512 encoder of up to 16 chunks at
-//!   once (output identical to the scalar encoder's);
+//!   once (output identical to the scalar encoder's); `enc_avx2.rs`: the
+//!   same rounds with AVX2;
 //! * `order1.rs`: the order-1 decoder, plane method 5.
 //!
 //! Each coder's tests sit beside it (method 4's in `adaptive_tests.rs`);
@@ -45,6 +46,8 @@ use crate::format::plane::{chunk_offsets, chunk_range, CHUNK_FLAG};
 mod adaptive;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod enc_avx2;
 #[cfg(target_arch = "x86_64")]
 mod enc_avx512;
 mod model;

@@ -262,7 +262,7 @@ fn encode_group(
     let mut states = [[RANS_L; 4]; ENC_GROUP];
     let mut pos = ends;
     #[cfg(target_arch = "x86_64")]
-    let vector_done = encode_group_avx512(
+    let vector_done = encode_group_vector(
         data,
         bounds,
         fs,
@@ -293,12 +293,18 @@ fn encode_group(
     }
 }
 
+/// Whether one of the vector encoders runs here (AVX-512, or AVX2).
+#[cfg(target_arch = "x86_64")]
+fn vector_encoder() -> bool {
+    super::enc_avx512::available() || super::enc_avx2::available()
+}
+
 /// The vector part of [`encode_group`]: returns false, having written
-/// nothing, where it does not apply (no AVX-512, too few chunks, offsets
-/// beyond `i32`); else sets every chunk's final states and the start of its
+/// nothing, where it does not apply (no AVX-512 or AVX2, too few chunks,
+/// offsets beyond `i32`); else sets every chunk's final states and the start of its
 /// bytes in `scratch` (`pos`, which enters as the regions' ends).
 #[cfg(target_arch = "x86_64")]
-fn encode_group_avx512(
+fn encode_group_vector(
     data: &[u8],
     bounds: &[usize],
     fs: &[FreqTable],
@@ -308,12 +314,13 @@ fn encode_group_avx512(
     states: &mut [[u32; 4]; ENC_GROUP],
     pos: &mut [usize; ENC_GROUP],
 ) -> bool {
+    use super::enc_avx2;
     use super::enc_avx512::{self, Lanes, Mode, SYMS, WINDOW};
     let g = fs.len();
     let base = bounds[0];
     let span = bounds[g] - base;
     let limit = i32::MAX as usize / 2;
-    if g < ENC_MIN_LANES[1] || span > limit || pos[g - 1] > limit || !enc_avx512::available() {
+    if g < ENC_MIN_LANES[1] || span > limit || pos[g - 1] > limit || !vector_encoder() {
         return false;
     }
     let chunk = |c: usize| &data[bounds[c]..bounds[c + 1]];
@@ -338,6 +345,10 @@ fn encode_group_avx512(
         _ => Mode::Tables,
     };
     if mode == Mode::Tables && g < ENC_MIN_LANES[0] {
+        return false;
+    }
+    // The AVX2 kernel stores for all 16 lanes.
+    if g < ENC_GROUP && !enc_avx512::available() {
         return false;
     }
     // The kernel's tables: per symbol the reciprocal and freq | bias << 16.
@@ -378,24 +389,38 @@ fn encode_group_avx512(
         lanes.doff[c] = (bounds[c] - base) as i32;
         lanes.toff[c] = (owner[c] * SYMS) as i32;
     }
-    // SAFETY: `available()` was checked. Lane c reads data[bounds[c] ..
-    // bounds[c] + 4 * quads] (quads <= its length / 4), and writes its own
-    // region of `scratch`: [ends[c] - 2 len - 4, pos[c]), where pos[c] has
-    // moved down by at most 2 a symbol for the tail and moves down by at
-    // most 2 a symbol for the 4 * quads symbols left, so its 4-byte stores
-    // at pos - 4 stay at or above the region's start. Offsets fit i32
-    // (checked above); toff[c] + 256 <= rcp.len() with tables, and a
-    // window's lo + 32 <= 256 = rcp.len().
-    let kernel_ok = unsafe {
-        enc_avx512::encode_quads(
-            data[base..].as_ptr(),
-            scratch.as_mut_ptr(),
-            rcp.as_ptr(),
-            info.as_ptr(),
-            mode,
-            &mut lanes,
-            quads,
-        )
+    // Lane c reads data[bounds[c] .. bounds[c] + 4 * quads] (quads <= its
+    // length / 4), and writes its own region of `scratch`: [ends[c] - 2 len
+    // - 4, pos[c]), where pos[c] has moved down by at most 2 a symbol for
+    // the tail and moves down by at most 2 a symbol for the 4 * quads
+    // symbols left, so its 4-byte stores at pos - 4 stay at or above the
+    // region's start. Offsets fit i32 (checked above); toff[c] + 256 <=
+    // rcp.len() with tables, and a window's lo + 32 <= 256 = rcp.len().
+    let (src, dst) = (data[base..].as_ptr(), scratch.as_mut_ptr());
+    let kernel_ok = if enc_avx512::available() {
+        let (rcp, info) = (rcp.as_ptr(), info.as_ptr());
+        // SAFETY: AVX-512 is available; the lanes as above.
+        unsafe { enc_avx512::encode_quads(src, dst, rcp, info, mode, &mut lanes, quads) }
+    } else {
+        // One 8-byte (reciprocal, info) entry per symbol, for table lookups
+        // by scalar loads.
+        let pairs: Vec<u64> = match mode {
+            Mode::Tables => rcp
+                .iter()
+                .zip(&info)
+                .map(|(&r, &i)| u64::from(r) | u64::from(i) << 32)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let tables = enc_avx2::Tables {
+            rcp: rcp.as_ptr(),
+            info: info.as_ptr(),
+            pairs: pairs.as_ptr(),
+        };
+        // SAFETY: only AVX2 is left (`vector_encoder()`); the lanes as
+        // above, all 16 active (checked above); `pairs` is as long as
+        // `rcp` with tables.
+        unsafe { enc_avx2::encode_quads(src, dst, tables, mode, &mut lanes, quads) }
     };
     assert!(
         ok && kernel_ok,
@@ -1011,7 +1036,7 @@ mod tests {
             let mut scratch = vec![0u8; total];
             let mut states = [[RANS_L; 4]; ENC_GROUP];
             let mut pos = ends;
-            let ran = encode_group_avx512(
+            let ran = encode_group_vector(
                 &data,
                 &bounds,
                 &freqs,
@@ -1021,7 +1046,7 @@ mod tests {
                 &mut states,
                 &mut pos,
             );
-            assert_eq!(ran, super::super::enc_avx512::available(), "seed {seed}");
+            assert_eq!(ran, vector_encoder(), "seed {seed}");
             if !ran {
                 continue;
             }
