@@ -256,8 +256,11 @@ fn encode_group(
         total += 2 * chunk(c).len() + 4;
         *e = total;
     }
-    if scratch.len() < total {
-        scratch.resize(total, 0);
+    // Beyond the regions, room for the AVX2 kernel's idle lanes (which
+    // store as much as one chunk's worst case), written and never read.
+    let idle = 2 * (0..g).map(|c| chunk(c).len()).max().unwrap_or(0) + 4;
+    if scratch.len() < total + idle {
+        scratch.resize(total + idle, 0);
     }
     let mut states = [[RANS_L; 4]; ENC_GROUP];
     let mut pos = ends;
@@ -347,10 +350,6 @@ fn encode_group_vector(
     if mode == Mode::Tables && g < ENC_MIN_LANES[0] {
         return false;
     }
-    // The AVX2 kernel stores for all 16 lanes.
-    if g < ENC_GROUP && !enc_avx512::available() {
-        return false;
-    }
     // The kernel's tables: per symbol the reciprocal and freq | bias << 16.
     let (mut rcp, mut info) = (Vec::new(), Vec::new());
     if !matches!(mode, Mode::Uniform(_)) {
@@ -368,18 +367,33 @@ fn encode_group_vector(
             }
         }
     }
+    // Where the idle room starts: the last region's end, before its tail.
+    let regions_end = pos[g - 1];
     // Symbols past the last common quad first (encoding runs backwards).
     let mut ok = true;
     for c in 0..g {
         let t = &tabs[owner[c]];
         ok &= encode_tail(chunk(c), 4 * quads, t, &mut states[c], scratch, &mut pos[c]);
     }
+    let avx512 = enc_avx512::available();
+    // The AVX2 kernel runs all 16 lanes: a lane without a chunk encodes the
+    // first chunk's symbols again into the idle room past the regions
+    // (`encode_group` leaves 2 bytes a symbol of its longest chunk plus 4
+    // there), and its output is dropped.
+    let idle_end = regions_end + 8 * quads + 4;
+    if !avx512 && (idle_end > scratch.len() || idle_end > limit) {
+        return false;
+    }
     let mut lanes = Lanes {
-        x: [[0; 16]; 4],
-        p: [0; 16],
+        x: [[RANS_L; 16]; 4],
+        p: [idle_end as i32; 16],
         doff: [0; 16],
         toff: [0; 16],
-        active: ((1u32 << g) - 1) as u16,
+        active: if avx512 {
+            ((1u32 << g) - 1) as u16
+        } else {
+            0xFFFF
+        },
     };
     for c in 0..g {
         for l in 0..4 {
@@ -397,7 +411,7 @@ fn encode_group_vector(
     // region's start. Offsets fit i32 (checked above); toff[c] + 256 <=
     // rcp.len() with tables, and a window's lo + 32 <= 256 = rcp.len().
     let (src, dst) = (data[base..].as_ptr(), scratch.as_mut_ptr());
-    let kernel_ok = if enc_avx512::available() {
+    let kernel_ok = if avx512 {
         let (rcp, info) = (rcp.as_ptr(), info.as_ptr());
         // SAFETY: AVX-512 is available; the lanes as above.
         unsafe { enc_avx512::encode_quads(src, dst, rcp, info, mode, &mut lanes, quads) }
@@ -418,8 +432,11 @@ fn encode_group_vector(
             pairs: pairs.as_ptr(),
         };
         // SAFETY: only AVX2 is left (`vector_encoder()`); the lanes as
-        // above, all 16 active (checked above); `pairs` is as long as
-        // `rcp` with tables.
+        // above, and the idle ones (all 16 are active) read the first
+        // chunk's symbols and table and store inside [regions_end,
+        // idle_end),
+        // inside `scratch` (checked above); `pairs` is as long as `rcp`
+        // with tables.
         unsafe { enc_avx2::encode_quads(src, dst, tables, mode, &mut lanes, quads) }
     };
     assert!(
@@ -1033,7 +1050,9 @@ mod tests {
                 total += 2 * (bounds[c + 1] - bounds[c]) + 4;
                 ends[c] = total;
             }
-            let mut scratch = vec![0u8; total];
+            // and the idle room `encode_group` leaves past the regions
+            let longest = bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+            let mut scratch = vec![0u8; total + 2 * longest + 4];
             let mut states = [[RANS_L; 4]; ENC_GROUP];
             let mut pos = ends;
             let ran = encode_group_vector(
