@@ -14,8 +14,8 @@ fn main() -> ExitCode {
     match ckptfs::commands::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            // `{:#}`: the error and its context on one line ("path: cause").
-            eprintln!("ckptfs: {e:#}");
+            // The error and its context on one line ("path: cause").
+            eprintln!("ckptfs: {}", ckptfs::commands::one_line(&*e));
             ExitCode::from(1)
         }
     }

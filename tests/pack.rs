@@ -307,6 +307,32 @@ fn cli_pack_refuses_malformed_input_before_writing() {
     }
 }
 
+/// A missing input is reported with its cause, once, not only its name:
+/// `info` and `verify` used to print the path alone, `list` the cause twice.
+#[test]
+fn cli_reports_a_missing_input_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("gone.zstn");
+    let p = missing.to_str().unwrap();
+    for args in [
+        vec!["info", p],
+        vec!["verify", p],
+        vec!["list", p],
+        vec!["unpack", p],
+    ] {
+        let out = ckptfs(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(p)
+                && text.matches("No such file").count() == 1
+                && text.trim().lines().count() == 1,
+            "{args:?}: {text}"
+        );
+    }
+}
+
 #[test]
 fn info_shows_per_tensor_transform_methods_and_ratio() {
     let dir = tempfile::tempdir().unwrap();

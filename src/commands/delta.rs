@@ -261,7 +261,7 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
             Ok(m) => println!("OK    {shown}: {m}"),
             Err(e) => {
                 failed += 1;
-                println!("FAIL  {shown}: {e}");
+                println!("FAIL  {shown}: {}", super::one_line(&*e));
             }
         }
     }

@@ -301,7 +301,7 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
             match super::z4delta::info(path, kind, a.base.as_deref(), a.json) {
                 Ok(v) => blazex_json.push(v),
                 Err(e) => {
-                    eprintln!("ckptfs: {e}");
+                    eprintln!("ckptfs: {}", super::one_line(&*e));
                     failed = true;
                 }
             }
@@ -314,7 +314,7 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
         }
         if super::blz::is_blz(path) {
             if let Err(e) = super::blz::info(path, a.json) {
-                eprintln!("ckptfs: {e}");
+                eprintln!("ckptfs: {}", super::one_line(&*e));
                 failed = true;
             }
             continue;
@@ -369,7 +369,7 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
         match r {
             Ok(i) => infos.push(i),
             Err(e) => {
-                eprintln!("ckptfs: {e}");
+                eprintln!("ckptfs: {}", super::one_line(&*e));
                 failed = true;
             }
         }

@@ -106,6 +106,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
 
 /// A byte-counting progress bar, shown only on a terminal and only for work
 /// large enough to take a moment.
+/// An error and its causes on one line ("path: what: cause"), like
+/// `{:#}`, but without a cause the message above it already quotes (most
+/// of our errors print their source in their own message as well).
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut next = Some(e);
+    while let Some(cause) = next {
+        next = cause.source();
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
 pub fn progress(g: Global, total: u64, msg: &str) -> ProgressBar {
     if g.quiet || !std::io::stderr().is_terminal() || total < 64 << 20 {
         return ProgressBar::hidden();

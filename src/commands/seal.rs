@@ -43,7 +43,7 @@ pub fn run(g: Global, a: SealArgs) -> Result<ExitCode> {
                 }
             ),
             Err(e) => {
-                eprintln!("ckptfs: {e}");
+                eprintln!("ckptfs: {}", super::one_line(&e));
                 failed = true;
             }
         }

@@ -52,7 +52,7 @@ pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
             Ok(msg) => println!("OK    {}: {msg}", path.display()),
             Err(e) => {
                 failed += 1;
-                let e = e.to_string();
+                let e = super::one_line(&*e);
                 let shown = path.display().to_string();
                 if e.starts_with(&shown) {
                     println!("FAIL  {e}");
