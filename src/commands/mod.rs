@@ -104,8 +104,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-/// A byte-counting progress bar, shown only on a terminal and only for work
-/// large enough to take a moment.
 /// An error and its causes on one line ("path: what: cause"), like
 /// `{:#}`, but without a cause the message above it already quotes (most
 /// of our errors print their source in their own message as well).
@@ -125,6 +123,8 @@ pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     line
 }
 
+/// A byte-counting progress bar, shown only on a terminal and only for work
+/// large enough to take a moment.
 pub fn progress(g: Global, total: u64, msg: &str) -> ProgressBar {
     if g.quiet || !std::io::stderr().is_terminal() || total < 64 << 20 {
         return ProgressBar::hidden();

@@ -304,8 +304,9 @@ fn vector_encoder() -> bool {
 
 /// The vector part of [`encode_group`]: returns false, having written
 /// nothing, where it does not apply (no AVX-512 or AVX2, too few chunks,
-/// offsets beyond `i32`); else sets every chunk's final states and the start of its
-/// bytes in `scratch` (`pos`, which enters as the regions' ends).
+/// offsets beyond `i32`); else sets every chunk's final states and the
+/// start of its bytes in `scratch` (`pos`, which enters as the regions'
+/// ends).
 #[cfg(target_arch = "x86_64")]
 fn encode_group_vector(
     data: &[u8],
@@ -434,9 +435,8 @@ fn encode_group_vector(
         // SAFETY: only AVX2 is left (`vector_encoder()`); the lanes as
         // above, and the idle ones (all 16 are active) read the first
         // chunk's symbols and table and store inside [regions_end,
-        // idle_end),
-        // inside `scratch` (checked above); `pairs` is as long as `rcp`
-        // with tables.
+        // idle_end), inside `scratch` (checked above); `pairs` is as long
+        // as `rcp` with tables.
         unsafe { enc_avx2::encode_quads(src, dst, tables, mode, &mut lanes, quads) }
     };
     assert!(
