@@ -32,6 +32,13 @@ const MIN_LEN: usize = 64;
 /// Rounds (4 symbols per chunk) per kernel call.
 pub(super) const BLOCK: usize = 16;
 const STRIDE: usize = std::mem::size_of::<DecodeTable>();
+/// How far ahead of its position each chunk's stream is prefetched before
+/// a kernel call. A call of [`BLOCK`] rounds reads about 21 bytes of an
+/// exponent plane's stream (2.6 bits a symbol): without the hint, every
+/// third round or so waited for a line from memory at the head of a window
+/// gather (`rans_bench`: 788 -> 885 M symbols/s; 64 to 384 bytes ahead
+/// all measured alike).
+const PREFETCH_AHEAD: usize = 192;
 const _: () = assert!(STRIDE.is_multiple_of(4) && STRIDE >= super::PROB_SCALE as usize + 4);
 
 /// Whether the AVX-512 kernel runs here.
@@ -186,6 +193,13 @@ impl<'a, 'p, const NV: usize> Lanes<'a, 'p, NV> {
         let tabs: *const u8 = self.tables.t[self.owners[0]..].as_ptr().cast();
         let streams = self.p.body[self.base..self.base + self.lim].as_ptr();
         let st = &mut self.st;
+        for c in 0..16 * NV {
+            let at = st.pos[c / 16][c % 16] as usize + PREFETCH_AHEAD;
+            if at < self.lim {
+                // SAFETY: a prefetch of an address inside `streams`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(streams.add(at).cast()) };
+            }
+        }
         // SAFETY: `available()` was checked before any `Lanes` is built.
         // Lane c's table is T = tables.t[owners[c]] (symoff = (owners[c] -
         // owners[0]) * STRIDE from tables.t[owners[0]]). Gathers read
