@@ -34,10 +34,11 @@ pub(super) const BLOCK: usize = 16;
 const STRIDE: usize = std::mem::size_of::<DecodeTable>();
 /// How far ahead of its position each chunk's stream is prefetched before
 /// a kernel call. A call of [`BLOCK`] rounds reads about 21 bytes of an
-/// exponent plane's stream (2.6 bits a symbol): without the hint, every
-/// third round or so waited for a line from memory at the head of a window
-/// gather (`rans_bench`: 788 -> 885 M symbols/s; 64 to 384 bytes ahead
-/// all measured alike).
+/// exponent plane's stream (2.6 bits a symbol), so without the hint one of
+/// the 16 windows starts on a line not yet in cache every third round or
+/// so (an estimate; what was measured: the kernel's samples piled up after
+/// the window gathers, and `rans_bench` went from 788 to 885 M symbols/s;
+/// 64 to 384 bytes ahead measured alike).
 const PREFETCH_AHEAD: usize = 192;
 const _: () = assert!(STRIDE.is_multiple_of(4) && STRIDE >= super::PROB_SCALE as usize + 4);
 
