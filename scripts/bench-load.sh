@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Load speed through the mount against the plain files (issue 11), one table of
 # every row, then the codec rows the mount depends on:
-#   1. scripts/bench_load.py: cold safe_open (numpy, torch), AutoModel, two
-#      processes, dd cold/warm, daemon CPU-seconds per GB;
+#   1. scripts/bench_load.py: cold safe_open (numpy, torch), the numpy load
+#      again with the disk limited to DISK_MBPS (default 1000,400 MB/s, via a
+#      blkio/io cgroup), AutoModel, two processes, dd cold/warm, daemon
+#      CPU-seconds per GB;
 #   2. scripts/bench-codec.sh at 1 and 2 threads (ckptfs vs ZipNN 0.5.4, zstd, z4ai);
 #   3. scripts/bench_files.py: ckptfs pack/unpack as processes, file to file, vs ZipNN;
 #   4. scripts/bench-decode.sh (ckptfs unpack vs z4ai's decoder on a z4ai file).
@@ -18,7 +20,8 @@ bash scripts/setup-test-env.sh >/dev/null
 cargo build --release -q
 BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
 echo "## Loads through the mount"
-.venv/bin/python scripts/bench_load.py "$BIN" "$W" --runs "${RUNS:-3}"
+.venv/bin/python scripts/bench_load.py "$BIN" "$W" --runs "${RUNS:-3}" \
+  --disk-mbps "${DISK_MBPS-1000,400}"
 [ "${ONLY:-}" = load ] && exit 0
 for t in 1 2; do
   echo "## Codec, $t thread(s)"
