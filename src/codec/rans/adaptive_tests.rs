@@ -152,6 +152,20 @@ impl Drop for ForceGathers {
     }
 }
 
+/// `n` bytes, each non-zero (1..=4) with probability `per_mille` / 1000.
+fn sparse_data(n: usize, per_mille: u64, r: &mut Rng) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            let v = r.next();
+            if v % 1000 < per_mille {
+                1 + (v >> 32) as u8 % 4
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
 fn random_table(r: &mut Rng) -> FreqTable {
     let mut h = [0u64; 256];
     match r.next() % 4 {
@@ -187,6 +201,25 @@ fn decode_chunks_large_planes() {
         let mut out = vec![0u8; n];
         ap.decode_chunks(0..k, &t, &mut out).unwrap();
         assert!(out == d, "n={n}");
+        check_decode_chunks(&p).unwrap();
+    }
+    // Mostly zeros (XOR high bytes), in chunks of 16 Ki and 64 Ki symbols:
+    // the zero path, where rounds without a renormalisation skip the
+    // window gathers.
+    for (seed, per_mille, chunk) in [
+        (5u64, 8u64, 1usize << 14),
+        (6, 2, 1 << 16),
+        (7, 45, 1 << 14),
+    ] {
+        let n = 1 << 21;
+        let d = sparse_data(n, per_mille, &mut Rng(seed));
+        let k = n.div_ceil(chunk);
+        let p = encode_method4(&d, k);
+        let ap = AdaptivePayload::parse(&p).unwrap();
+        let t = DecodeTables::new(&ap.freq_tables().unwrap()).unwrap();
+        let mut out = vec![0u8; n];
+        ap.decode_chunks(0..k, &t, &mut out).unwrap();
+        assert!(out == d, "{per_mille} per mille");
         check_decode_chunks(&p).unwrap();
     }
     // uniform bytes (8 bits/symbol, two renormalisation bytes often)
@@ -238,12 +271,15 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn decode_chunks_matches_scalar(data in data_strategy(), big in (any::<u64>(), 0usize..60_000, 0u8..3), k in prop_oneof![1usize..20, 1usize..300]) {
+    fn decode_chunks_matches_scalar(data in data_strategy(), big in (any::<u64>(), 0usize..60_000, 0u8..4), k in prop_oneof![1usize..20, 1usize..300]) {
         let (seed, n, kind) = big;
         let mut r = Rng(seed);
         let d: Vec<u8> = match kind {
             0 => exponent_data(n, seed),
             1 => (0..n).map(|_| (r.next() % 7) as u8 * 30).collect(),
+            // Mostly zeros (the high bytes of an XOR delta): the AVX-512
+            // kernel's zero path, at densities around its threshold.
+            2 => sparse_data(n, [1, 8, 30, 60][(seed % 4) as usize], &mut r),
             _ => data,
         };
         let p = encode_method4(&d, k);
@@ -261,11 +297,16 @@ proptest! {
         let tables: Vec<FreqTable> = (0..k)
             .map(|_| {
                 let t = random_table(&mut r);
-                // A third of the cases: coarse tables (the one-gather SIMD
-                // path); a third: uniform tables (no table gather).
-                if seed % 3 == 2 {
-                    uniform_table(1 + (seed / 3 % 8) as u32)
-                } else if seed % 3 == 0 {
+                // A quarter of the cases each: coarse tables (the
+                // one-gather SIMD path); uniform tables (no table gather);
+                // tables where symbol 0 has 95% or more (the zero path).
+                if seed % 4 == 3 {
+                    let mut h: [u64; 256] = std::array::from_fn(|i| u64::from(t[i]));
+                    h[0] = h.iter().sum::<u64>() * (20 + seed / 4 % 2000);
+                    normalize_freqs(&h)
+                } else if seed % 4 == 2 {
+                    uniform_table(1 + (seed / 4 % 8) as u32)
+                } else if seed % 4 == 0 {
                     let h: [u64; 256] = std::array::from_fn(|i| u64::from(t[i]));
                     let mut c = crate::codec::rans::normalize_freqs_to(&h, 4096);
                     c.iter_mut().for_each(|f| *f *= 4);
@@ -335,7 +376,11 @@ proptest! {
     #[test]
     fn decode_chunks_truncated_streams_match_scalar(seed in any::<u64>(), n in 1000usize..50_000, k in 7usize..40, cut in 0usize..40) {
         // Valid streams cut short: the decoder reads zeros past each end.
-        let d = exponent_data(n, seed);
+        let d = if seed % 2 == 0 {
+            exponent_data(n, seed)
+        } else {
+            sparse_data(n, 1 + seed / 2 % 40, &mut Rng(seed))
+        };
         let p = encode_method4(&d, k);
         let ap = AdaptivePayload::parse(&p).unwrap();
         let tables = ap.freq_tables().unwrap();
