@@ -165,6 +165,11 @@ fn bench_chunks(what: &str, data: &[u8]) {
             ms(groups[1].1),
         );
     }
+    // The encoder's byte count of a plane (`histogram`), for the same data.
+    let t = median_cpu_secs(|| {
+        std::hint::black_box(histogram(data));
+    });
+    println!("  histogram of the plane: {:.0} MB/s", n as f64 / t / 1e6);
 }
 
 fn report(what: &str, bytes: usize, secs: f64) {

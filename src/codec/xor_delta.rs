@@ -75,6 +75,9 @@ pub fn xor_into(out: &mut [u8], reference: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::frame::{render_z4ai, PlaneOut, Transform};
+    use crate::format::z4digest::reference_digest;
+    use crate::format::z4dl::render_header;
 
     #[test]
     fn xor_of_equals_xor_into_of_a_copy() {
@@ -87,9 +90,6 @@ mod tests {
         }
         assert!(xor_of(&[], &b, 16).is_empty());
     }
-    use crate::format::frame::{render_z4ai, PlaneOut, Transform};
-    use crate::format::z4digest::reference_digest;
-    use crate::format::z4dl::render_header;
 
     #[test]
     fn decodes_frame_xor_reference() {

@@ -9,10 +9,10 @@ use super::{FreqTable, PROB_SCALE};
 
 /// Byte histogram. Eight interleaved sub-histograms, one per byte of a
 /// word, break the store-to-load dependency of counting runs of equal
-/// bytes (four, each hit twice a word, ran 10-30% slower on skewed
-/// planes), and an all-zero word is counted at once: the planes of an XOR
-/// delta are mostly zeros (3.5x faster on a plane 99% zero, no slower on
-/// exponent or uniform bytes; measured in a standalone microbenchmark).
+/// bytes (four, each hit twice a word, ran 10-15% slower on exponent and
+/// XOR planes), and an all-zero word is counted at once: the planes of an
+/// XOR delta are mostly zeros (3.5x faster on a plane 99% zero, no slower
+/// on exponent or uniform bytes; `rans_bench` prints the rates).
 pub fn histogram(data: &[u8]) -> [u64; 256] {
     let mut total = [0u64; 256];
     // u32 sub-counters cannot overflow within a block of < 2^32 bytes.
