@@ -45,7 +45,7 @@ class DiskLimit:
     none (no controller, not root)."""
 
     def __init__(self, path, mbps):
-        self.mbps, self.dir, self.why = mbps, None, None
+        self.mbps, self.dir, self.why, self.v1 = mbps, None, None, False
         dev = os.stat(path).st_dev
         node = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
         # Throttling applies to the whole disk, not to a partition.
@@ -63,7 +63,7 @@ class DiskLimit:
                    if " - cgroup2 " in l), None)
         try:
             if os.path.exists(os.path.join(v1, "blkio.throttle.read_bps_device")):
-                self.dir = os.path.join(v1, name)
+                self.dir, self.v1 = os.path.join(v1, name), True
                 os.makedirs(self.dir, exist_ok=True)
                 with open(os.path.join(self.dir, "blkio.throttle.read_bps_device"), "w") as f:
                     f.write(f"{majmin} {bps}\n")
@@ -82,7 +82,7 @@ class DiskLimit:
 
     def read_bytes(self):
         """Bytes read from the disk by the cgroup's processes so far."""
-        if self.dir.startswith("/sys/fs/cgroup/blkio/"):
+        if self.v1:
             stats = open(os.path.join(self.dir, "blkio.throttle.io_service_bytes")).read()
             return sum(int(l.split()[2]) for l in stats.splitlines()
                        if len(l.split()) == 3 and l.split()[1] == "Read")

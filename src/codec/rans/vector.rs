@@ -166,8 +166,8 @@ impl<'a, 'p, const NV: usize> Lanes<'a, 'p, NV> {
         } else {
             Mode::Tables
         };
-        let zero = !matches!(mode, Mode::Uniform(_))
-            && (0..g).all(|c| u32::from(tab(c).freqs[0]) >= ZERO_MIN);
+        // Lanes past the group repeat its last chunk, so every lane counts.
+        let zero = !matches!(mode, Mode::Uniform(_)) && f0.iter().flatten().all(|&f| f >= ZERO_MIN);
         // Lanes read up to the end of the plane's streams, not their own: a
         // chunk that compresses to a few bytes (sparse XOR planes) would
         // otherwise send its whole group to the scalar decoder. A valid
