@@ -47,6 +47,8 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
     let enoent = Arc::new(AtomicU64::new(0));
     let other = Arc::new(AtomicU64::new(0));
     let eio = Arc::new(AtomicU64::new(0));
+    // Errors other than ENOENT and an open's ESTALE (see below).
+    let failed = Arc::new(AtomicU64::new(0));
     let renames = Arc::new(AtomicU64::new(0));
     let writer = {
         let (stop, renames, mnt) = (stop.clone(), renames.clone(), m.mnt.clone());
@@ -74,12 +76,13 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
     let t0 = Instant::now();
     let readers: Vec<_> = (0..3)
         .map(|_| {
-            let (stop, opens, enoent, other, eio, target) = (
+            let (stop, opens, enoent, other, eio, failed, target) = (
                 stop.clone(),
                 opens.clone(),
                 enoent.clone(),
                 other.clone(),
                 eio.clone(),
+                failed.clone(),
                 target.clone(),
             );
             std::thread::spawn(move || {
@@ -89,7 +92,10 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
                         Ok(mut f) => {
                             let mut head = [0u8; 8];
                             if let Err(e) = f.read_exact(&mut head) {
+                                // Any error of a read counts, ESTALE too:
+                                // the open succeeded.
                                 other.fetch_add(1, Ordering::Relaxed);
+                                failed.fetch_add(1, Ordering::Relaxed);
                                 if first.len() < 5 {
                                     first.push(format!("read: {e}"));
                                 }
@@ -101,6 +107,9 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
                             } else {
                                 if e.raw_os_error() == Some(libc::EIO) {
                                     eio.fetch_add(1, Ordering::Relaxed);
+                                }
+                                if e.raw_os_error() != Some(libc::ESTALE) {
+                                    failed.fetch_add(1, Ordering::Relaxed);
                                 }
                                 other.fetch_add(1, Ordering::Relaxed);
                             }
@@ -144,12 +153,15 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
     }
     // rename(2) promises old or new, never "no such file": ENOENT must be
     // 0, and so must EIO (the kernel's answer to an open whose io mode,
-    // passthrough or page cache, differs from the inode's other opens). A
-    // rare ESTALE (about 1 per 800,000 opens: a plain or staged file
+    // passthrough or page cache, differs from the inode's other opens) and
+    // every other error of an open or a read (a read failed with ENOENT
+    // once in about 20 runs, from a `getattr`), but for one: a rare ESTALE
+    // of an open (about 1 per 800,000 opens: a plain or staged file
     // renamed over twice during the kernel's single lookup retry; a known
     // gap, stated in doc/SEMANTICS.md) is printed above, not asserted.
     let e = eio.load(Ordering::Relaxed);
-    if n != 0 || e != 0 {
+    let f = failed.load(Ordering::Relaxed);
+    if n != 0 || e != 0 || f != 0 {
         // Keep the daemon log (the Mount's directory goes away with it) and
         // show its warnings: an errno the kernel did not make up is there.
         let log = m.log_text();
@@ -161,7 +173,8 @@ fn rename_over_a_safetensors_name_never_shows_enoent() {
             .take(20)
             .collect();
         panic!(
-            "{n} ENOENT, {e} EIO and {x} other errors over {o} opens during {r} rename-overs; \
+            "{n} ENOENT, {e} EIO and {x} other errors ({f} not an open's ESTALE) over {o} opens \
+             during {r} rename-overs; \
              first: {errors:?}\ndaemon log kept in {}; its warnings and errors:\n{}",
             kept.display(),
             notable.join("\n")
@@ -290,4 +303,66 @@ fn an_open_racing_the_commit_of_its_file_works_and_so_do_the_next() {
     // The daemon's wait made the commit land inside the open at least once
     // (else this test did not exercise the race).
     assert!(raced > 0, "no open raced its file's commit");
+}
+
+/// `statx` of an open file, forcing the kernel to ask the daemon
+/// (`AT_STATX_FORCE_SYNC`): (link count, size), or the errno.
+fn statx_forced(f: &std::fs::File) -> Result<(u32, u64), std::io::Error> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statx writes one `struct statx` into `st`, which outlives the
+    // call; the empty path with AT_EMPTY_PATH names the open descriptor.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut st,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.stx_nlink, st.stx_size))
+}
+
+/// A `getattr` that finds an archive changed since it was parsed, and the
+/// archive removed before the new version is opened (the daemon is made to
+/// wait 500 ms in that window), answers what the file last was, with no
+/// names left, as for a file removed before the `getattr`. It used to
+/// answer ENOENT, which fails the `open` or `read` that asked: 1 read in
+/// about 20 runs of the rename-over test above, and an `open` in CI once.
+#[test]
+fn a_getattr_racing_the_removal_of_a_changed_archive_answers_the_old_file() {
+    let m = Mount::with_env(|_| {}, &[], &[("CKPTFS_TEST_DELAY", "archive-parse:500")]);
+    let bytes = version_bytes(7);
+    std::fs::write(m.path("a.safetensors"), &bytes).unwrap();
+    m.wait_committed(60);
+    let archive = m.store.join("a.zstn");
+    assert!(archive.exists(), "a.safetensors was not committed");
+    let mut f = std::fs::File::open(m.path("a.safetensors")).unwrap();
+    assert_eq!(statx_forced(&f).unwrap(), (1, bytes.len() as u64));
+    // A new change time is a version of the archive not parsed yet.
+    let mut p = std::fs::metadata(&archive).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o600);
+    std::fs::set_permissions(&archive, p).unwrap();
+    let remover = {
+        let archive = archive.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            std::fs::remove_file(&archive).unwrap();
+        })
+    };
+    let got = statx_forced(&f);
+    remover.join().unwrap();
+    assert_eq!(
+        got.expect("getattr of the open file"),
+        (0, bytes.len() as u64),
+        "the old file, with no names left"
+    );
+    // The open handle still reads the version it opened.
+    let mut read = Vec::new();
+    f.read_to_end(&mut read).unwrap();
+    assert!(read == bytes, "the open handle read other bytes");
 }

@@ -125,20 +125,28 @@ impl CheckpointFs {
                 r => r,
             };
         }
-        match self.store.lstat(&self.rel(&inode)?) {
-            Ok(m) if (m.dev(), m.ino()) == inode.identity() => self.attr_of(&inode, &m),
-            // The path was replaced or removed: this inode is the old file;
-            // answer what it last was (as a local fs does for an unlinked
-            // but referenced inode).
-            Ok(_) => inode.state().attr.ok_or(FsError::Stale),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Unlinked but still referenced (open): no names left.
-                let mut a = inode.state().attr.ok_or(FsError::NotFound)?;
-                a.nlink = 0;
-                Ok(a)
-            }
-            Err(e) => Err(FsError::Io(e)),
+        let removed = match self.store.lstat(&self.rel(&inode)?) {
+            Ok(m) if (m.dev(), m.ino()) == inode.identity() => match self.attr_of(&inode, &m) {
+                // Replaced or removed between the `lstat` and the parse of
+                // a version not seen yet (an archive just committed is
+                // renamed over at once): the old file, as below. ENOENT
+                // here would fail the `open` or `read` that asked.
+                Err(FsError::Stale) => false,
+                Err(FsError::NotFound) => true,
+                r => return r,
+            },
+            Ok(_) => false,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(e) => return Err(FsError::Io(e)),
+        };
+        // The path was replaced or removed: this inode is the old file;
+        // answer what it last was (as a local fs does for an unlinked but
+        // referenced inode), with no names left if it was removed.
+        let mut a = inode.state().attr.ok_or(FsError::Stale)?;
+        if removed {
+            a.nlink = 0;
         }
+        Ok(a)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {

@@ -138,7 +138,9 @@ pub(in crate::fs) fn test_pause(point: &str) {
 /// A test hook: with `CKPTFS_TEST_DELAY=POINT:MS` in its environment, the
 /// daemon waits MS milliseconds each time it passes POINT (at most 10 s):
 /// `open-staged` (an open of a staged file, between its look at the inode's
-/// kind and its choice of io mode), to let a commit run in that window.
+/// kind and its choice of io mode), to let a commit run in that window;
+/// `archive-parse` (before an archive version not seen yet is opened and
+/// parsed), to let the file be replaced or removed in that window.
 pub(in crate::fs) fn test_delay(point: &str) {
     let Some(v) = std::env::var_os("CKPTFS_TEST_DELAY") else {
         return;
