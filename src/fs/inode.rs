@@ -113,6 +113,11 @@ pub struct InodeState {
     /// Generation of the archive version the previous open served; an open
     /// of the same generation keeps the kernel page cache.
     pub last_open_generation: Option<u64>,
+    /// A plain or staged file a rename replaced, kept open while the
+    /// kernel may still open this inode: an open that resolved the name
+    /// before the rename is served these bytes, as a replaced archive's
+    /// open is served its mapped version (see `rename`).
+    pub replaced: Option<std::sync::Arc<std::fs::File>>,
 }
 
 impl Inode {
@@ -206,14 +211,19 @@ impl InodeTable {
         kind: NodeKind,
         identity: Identity,
     ) -> Arc<Inode> {
-        self.assign_if(parent, name, backing, kind, identity, || true)
+        self.record(parent, name, backing, kind, identity, || true, false)
             .expect("unconditional")
     }
 
-    /// [`Self::assign`] if `still_true` holds under the table's lock (the
-    /// namespace did not change since the caller resolved the name), else
-    /// None and nothing recorded.
-    pub fn assign_if(
+    /// [`Self::assign`] for a `lookup`, if `still_true` holds under the
+    /// table's lock (the namespace did not change since the caller
+    /// resolved the name), else None and nothing recorded. Counts the
+    /// kernel's lookup of the inode under that lock: an inode counted only
+    /// later could be dropped meanwhile as unreferenced (by a rename over
+    /// its name) and the kernel then told a number the table no longer
+    /// knows (every open of it ESTALE). A caller that fails before
+    /// replying gives the count back with [`Self::forget`].
+    pub fn look_up_if(
         &self,
         parent: u64,
         name: &OsStr,
@@ -222,6 +232,26 @@ impl InodeTable {
         identity: Identity,
         still_true: impl Fn() -> bool,
     ) -> Option<Arc<Inode>> {
+        self.record(parent, name, backing, kind, identity, still_true, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        backing: &OsStr,
+        kind: NodeKind,
+        identity: Identity,
+        still_true: impl Fn() -> bool,
+        looked_up: bool,
+    ) -> Option<Arc<Inode>> {
+        let counted = |i: &Arc<Inode>| {
+            if looked_up {
+                i.state().lookups += 1;
+            }
+            i.clone()
+        };
         let key = (parent, name.to_os_string());
         let same = |i: &Inode| {
             let l = i.loc.read();
@@ -231,7 +261,7 @@ impl InodeTable {
             let t = self.tables.read();
             if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
                 if same(i) {
-                    return still_true().then(|| i.clone());
+                    return still_true().then(|| counted(i));
                 }
             }
         }
@@ -241,7 +271,7 @@ impl InodeTable {
         }
         if let Some(i) = t.by_name.get(&key).and_then(|ino| t.by_ino.get(ino)) {
             if same(i) {
-                return Some(i.clone());
+                return Some(counted(i));
             }
         }
         // Superseded inodes nobody references any more can go now.
@@ -263,7 +293,7 @@ impl InodeTable {
         });
         t.by_ino.insert(ino, inode.clone());
         t.by_name.insert(key, ino);
-        Some(inode)
+        Some(counted(&inode))
     }
 
     /// `name` in `parent` no longer exists (unlinked): its inode, if any,
@@ -325,6 +355,7 @@ impl InodeTable {
         }
         st.archive = None;
         st.blz = None;
+        st.replaced = None;
         drop(st);
         let l = inode.loc();
         let current = t.by_name.get(&(l.parent, l.name)) == Some(&ino);

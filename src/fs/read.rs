@@ -104,16 +104,13 @@ impl CheckpointFs {
     /// Opens a file. `flags` are the open(2) flags; opening for writing
     /// (or with `O_TRUNC`) goes to the write path (`open_write`).
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
-        let first = self.inode(ino)?.kind();
-        let staged = matches!(first, NodeKind::Staged { .. });
         let r = match self.open_once(ino, flags) {
             // Committed (compressed or put back) between resolving the
-            // inode and opening its spool file, or staged meanwhile: wait
-            // for the change to finish (it holds `ns`) and open what it
-            // left.
-            Err(FsError::NotFound | FsError::Stale)
-                if staged || self.inode(ino).is_ok_and(|i| i.kind() != first) =>
-            {
+            // inode and opening its spool file, staged meanwhile, or
+            // renamed over by a rename that has not yet kept the replaced
+            // file: wait for the change to finish (it holds `ns`) and open
+            // what it left.
+            Err(FsError::NotFound | FsError::Stale) => {
                 drop(self.ns.lock());
                 self.open_once(ino, flags)
             }
@@ -178,14 +175,30 @@ impl CheckpointFs {
                 Ok(Opened::Archive { fh, keep_cache })
             }
             kind @ (NodeKind::Plain | NodeKind::Staged { .. }) => {
-                let file = self
+                let current = self
                     .store
                     .open_file(&self.rel(&inode)?, libc::O_RDONLY, 0)
-                    .map_err(not_found_is)?;
-                let m = file.metadata()?;
-                if (m.dev(), m.ino()) != inode.identity() {
-                    return Err(FsError::Stale);
-                }
+                    .map_err(not_found_is)
+                    .and_then(|f| {
+                        let m = f.metadata()?;
+                        match (m.dev(), m.ino()) == inode.identity() {
+                            true => Ok(f),
+                            false => Err(FsError::Stale),
+                        }
+                    });
+                let file = match current {
+                    Ok(f) => f,
+                    // Renamed over since the kernel looked the name up:
+                    // the file the rename replaced, if it was kept.
+                    Err(e @ (FsError::NotFound | FsError::Stale)) => {
+                        let kept = inode.state().replaced.clone();
+                        match kept.map(|f| f.try_clone()) {
+                            Some(Ok(f)) => f,
+                            _ => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
                 // A plain object of an S3 store: a small one is fetched
                 // whole before it is served, and kept in the disk cache
                 // while the handle lives; a large one is fetched by the
@@ -238,10 +251,15 @@ impl CheckpointFs {
                 }
             }
             NodeKind::Archive => {
-                let slot = match self.store.lstat(&self.rel(&inode)?).map_err(not_found_is) {
+                let current = match self.store.lstat(&self.rel(&inode)?).map_err(not_found_is) {
                     Ok(m) if (m.dev(), m.ino()) == inode.identity() => {
-                        self.archive_slot(&inode, &m)?
+                        self.archive_slot(&inode, &m)
                     }
+                    Ok(_) => Err(FsError::Stale),
+                    Err(e) => Err(e),
+                };
+                let slot = match current {
+                    Ok(s) => s,
                     // Renamed over or removed since the kernel looked the
                     // name up: the version this inode showed is still
                     // mapped (ckptfs replaces archives by rename, never in
@@ -249,11 +267,15 @@ impl CheckpointFs {
                     // the old file is one of the two rename(2) allows;
                     // answering ESTALE instead sends the kernel to look
                     // again, and a second rename during that retry used to
-                    // surface as an error.
-                    Ok(_) | Err(FsError::NotFound) => match inode.state().archive.clone() {
-                        Some(s) if s.archive.is_ok() => s,
-                        _ => return Err(FsError::Stale),
-                    },
+                    // surface as an error. So too when it was replaced
+                    // between the `lstat` and the parse of a version not
+                    // seen yet.
+                    Err(FsError::Stale | FsError::NotFound) => {
+                        match inode.state().archive.clone() {
+                            Some(s) if s.archive.is_ok() => s,
+                            _ => return Err(FsError::Stale),
+                        }
+                    }
                     Err(e) => return Err(e),
                 };
                 let archive = match slot.archive {

@@ -204,7 +204,7 @@ impl CheckpointFs {
             return self.lookup_blz(&p, name).map(Some);
         }
         let (backing, kind, meta) = self.resolve(&p, name)?;
-        let Some(inode) = self.inodes.assign_if(
+        let Some(inode) = self.inodes.look_up_if(
             parent,
             name,
             &backing,
@@ -217,8 +217,14 @@ impl CheckpointFs {
         if let (NodeKind::Staged { id }, Some(s)) = (kind, &self.spool) {
             s.set_ino(id, inode.ino);
         }
-        let attr = self.attr_of(&inode, &meta)?;
-        inode.state().lookups += 1;
+        let attr = match self.attr_of(&inode, &meta) {
+            Ok(a) => a,
+            Err(e) => {
+                // Not replied: the kernel will not count this lookup.
+                self.inodes.forget(inode.ino, 1);
+                return Err(e);
+            }
+        };
         Ok(Some(Entry {
             attr,
             ttl: self.attr_ttl(inode.ino),

@@ -235,6 +235,47 @@ fn rename_over_a_compressed_file_keeps_old_readers_on_the_old_version() {
     assert_eq!(unpack(&d.path().join("m.zstn")), new);
 }
 
+/// Descriptors of this process open on deleted files under `dir`.
+fn deleted_files_open_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|t| t.starts_with(dir) && t.to_string_lossy().ends_with(" (deleted)"))
+        .count()
+}
+
+/// An open that resolved a name before a rename replaced the plain or
+/// staged file there (the kernel asks for the inode it found) reads the
+/// replaced file, which rename(2) allows, instead of failing with ESTALE;
+/// the replaced file is let go when the kernel forgets its inode.
+#[test]
+fn an_open_racing_a_rename_over_a_plain_or_staged_file_reads_the_replaced_file() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = fs_over(d.path());
+    for (name, tmp) in [("s.safetensors", "s.tmp.safetensors"), ("p.bin", "p.tmp")] {
+        let (old, new) = (st_bytes(5, 1000), st_bytes(6, 2000));
+        write_new(&fs, ROOT_INO, name, &old);
+        let e = fs.lookup(ROOT_INO, OsStr::new(name)).unwrap();
+        write_new(&fs, ROOT_INO, tmp, &new);
+        fs.rename(ROOT_INO, OsStr::new(tmp), ROOT_INO, OsStr::new(name), 0)
+            .unwrap();
+        assert_eq!(read_ino(&fs, e.attr.ino), old, "{name}: the racing open");
+        let e2 = fs.lookup(ROOT_INO, OsStr::new(name)).unwrap();
+        assert_ne!(e2.attr.ino, e.attr.ino);
+        assert_eq!(read_ino(&fs, e2.attr.ino), new, "{name}: a new open");
+        assert_eq!(deleted_files_open_under(d.path()), 1, "{name}");
+        // `create` and `lookup` each counted one lookup.
+        fs.forget(e.attr.ino, 2);
+        assert_eq!(deleted_files_open_under(d.path()), 0, "{name}");
+        assert!(matches!(
+            fs.open(e.attr.ino, libc::O_RDONLY),
+            Err(FsError::Stale)
+        ));
+        fs.forget(e2.attr.ino, 2);
+    }
+}
+
 #[test]
 fn truncating_open_of_an_archive_stages_a_new_version() {
     let d = tempfile::tempdir().unwrap();

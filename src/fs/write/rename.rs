@@ -13,12 +13,13 @@
 //! dependents made standalone first, and recorded base paths the move
 //! changes are journalled, then rewritten.
 
-use crate::fs::inode::NodeKind;
+use crate::fs::inode::{Inode, NodeKind};
 use crate::fs::namespace;
 use crate::fs::spool::Spool;
 use crate::fs::{CheckpointFs, FsError, Result};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
 impl CheckpointFs {
     /// `rename(2)`. `flags`: `RENAME_NOREPLACE` is honoured;
@@ -111,6 +112,9 @@ impl CheckpointFs {
             .find(&nrel.join(newname))
             .map(|(id, _)| id)
             .filter(|_| dst.is_some());
+        let replaced = dst
+            .as_ref()
+            .and_then(|(_, dkind, dmeta)| self.keep_replaced(newparent, newname, *dkind, dmeta));
         let moved_out = (|| -> Result<(OsString, NodeKind, _)> {
             Ok(match kind {
                 NodeKind::Directory => {
@@ -199,6 +203,9 @@ impl CheckpointFs {
                 return Err(e);
             }
         };
+        if let Some((inode, file)) = replaced {
+            inode.state().replaced = Some(Arc::new(file));
+        }
         let synced = self.store.sync_dir(&nrel).and_then(|()| {
             if rel != nrel {
                 self.store.sync_dir(&rel)
@@ -229,6 +236,53 @@ impl CheckpointFs {
 }
 
 impl CheckpointFs {
+    /// Keeps what an open racing a rename over `newname` needs to read
+    /// the file the rename replaces (the kernel resolved the name before
+    /// the rename and opens the inode it found), as rename(2) allows,
+    /// instead of failing with ESTALE: the kernel looks the name up again
+    /// once only, and a second rename-over meanwhile made the error reach
+    /// the caller. An archive is served its parsed version (parsed here if
+    /// it was not yet). A plain or staged regular file is returned opened,
+    /// with its inode, to be kept there (`InodeState::replaced`) until the
+    /// kernel forgets the inode: its space is freed once the last racing
+    /// open closes, as for an unlinked open file. Nothing when the kernel
+    /// has no inode for the name or the file cannot be opened (such an
+    /// open answers ESTALE, as before).
+    fn keep_replaced(
+        &self,
+        newparent: u64,
+        newname: &OsStr,
+        kind: NodeKind,
+        meta: &std::fs::Metadata,
+    ) -> Option<(Arc<Inode>, std::fs::File)> {
+        let identity = (meta.dev(), meta.ino());
+        let inode = self
+            .inodes
+            .find(newparent, newname)
+            .filter(|i| i.identity() == identity && meta.is_file())?;
+        match kind {
+            NodeKind::Archive => {
+                // A failed parse is kept as its reason: nothing to serve.
+                let _ = self.archive_slot(&inode, meta);
+                return None;
+            }
+            NodeKind::Plain | NodeKind::Staged { .. } => {}
+            _ => return None,
+        }
+        // Non-blocking: a FIFO put at the path meanwhile must not block
+        // the rename (it is refused below by its identity).
+        let file = self
+            .store
+            .open_file(
+                &self.rel(&inode).ok()?,
+                libc::O_RDONLY | libc::O_NONBLOCK,
+                0,
+            )
+            .ok()?;
+        let m = file.metadata().ok()?;
+        ((m.dev(), m.ino()) == identity && m.is_file()).then_some((inode, file))
+    }
+
     /// The backing name archive `backing` takes when renamed to `newname`
     /// in `dir`: a delta (`X.z4dm`) stays a `.z4dm` under an
     /// `Y.safetensors` name; other archives as [`Self::archive_name_in`].
