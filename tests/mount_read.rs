@@ -500,3 +500,31 @@ fn require_checksums_serves_only_checksummed_archives() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert!(m.log_text().contains("ckptfs seal"), "{}", m.log_text());
 }
+
+/// The daemon holds a descriptor for each plain file open through the
+/// mount, and raises its soft limit on open files to the hard one: started
+/// under a soft limit of 64, it serves 300 files open at once (before, an
+/// open past about 50 failed with EMFILE).
+#[test]
+fn more_files_open_at_once_than_the_daemons_soft_limit() {
+    const FILES: usize = 300;
+    let m = Mount::with_soft_nofile(
+        |s| {
+            for i in 0..FILES {
+                std::fs::write(s.join(format!("f{i}.bin")), format!("file {i}")).unwrap();
+            }
+        },
+        64,
+    );
+    let open: Vec<std::fs::File> = (0..FILES)
+        .map(|i| {
+            std::fs::File::open(m.path(&format!("f{i}.bin")))
+                .unwrap_or_else(|e| panic!("open of f{i}.bin with {i} others open: {e}"))
+        })
+        .collect();
+    for (i, mut f) in open.iter().enumerate() {
+        let mut got = String::new();
+        f.read_to_string(&mut got).unwrap();
+        assert_eq!(got, format!("file {i}"));
+    }
+}

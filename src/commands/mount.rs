@@ -319,6 +319,29 @@ fn lazy_unmount(mountpoint: &Path) {
 
 /// Raises the kernel readahead of the mount's backing device (bdi); the
 /// default 128 KiB starves a decoder that works in 1 MiB blocks.
+/// The daemon holds a descriptor for every plain or staged file open
+/// through the mount (and for every file a rename replaced while the
+/// kernel may still open it): its soft limit on open files is raised to
+/// the hard one, as the limit is per process and the daemon answers for
+/// every client. systemd's default soft limit (1024) would otherwise fail
+/// a client's open with EMFILE well before the clients run out.
+fn raise_open_file_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write `l`.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max && {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l) == 0
+        }
+    };
+    if raised {
+        log::debug!("open file limit raised to {}", l.rlim_cur);
+    }
+}
+
 fn raise_read_ahead(mountpoint: &Path, kib: u32) {
     let Ok(m) = std::fs::metadata(mountpoint) else {
         return;
@@ -374,6 +397,7 @@ pub(super) fn foreground(
         libc::mallopt(libc::M_TRIM_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
+    raise_open_file_limit();
     let n_threads = threads.unwrap_or_else(default_threads);
     // One writable daemon per store, taken before the spool is recovered
     // and held until this process exits.

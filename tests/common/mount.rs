@@ -41,19 +41,25 @@ pub struct Mount {
 impl Mount {
     /// Mounts a fresh store that `fill` populates, in the foreground.
     pub fn new(fill: impl FnOnce(&Path), extra: &[&str]) -> Mount {
-        Mount::of(fill, None, extra, &[])
+        Mount::of(fill, None, extra, &[], None)
+    }
+
+    /// As `new`, with the daemon started under a soft limit of `n` open
+    /// files (its hard limit unchanged).
+    pub fn with_soft_nofile(fill: impl FnOnce(&Path), n: u64) -> Mount {
+        Mount::of(fill, None, &[], &[], Some(n))
     }
 
     /// As `new`, with `env` added to the daemon's environment (test
     /// hooks such as `CKPTFS_TEST_PAUSE`; a remount does not get them).
     pub fn with_env(fill: impl FnOnce(&Path), extra: &[&str], env: &[(&str, &str)]) -> Mount {
-        Mount::of(fill, None, extra, env)
+        Mount::of(fill, None, extra, env, None)
     }
 
     /// A mount of `store_arg` (an `s3://` URL) instead of `store`, which
     /// `fill` still fills (with the originals, say).
     pub fn of_store_arg(fill: impl FnOnce(&Path), store_arg: &str, extra: &[&str]) -> Mount {
-        Mount::of(fill, Some(store_arg), extra, &[])
+        Mount::of(fill, Some(store_arg), extra, &[], None)
     }
 
     fn of(
@@ -61,6 +67,7 @@ impl Mount {
         store_arg: Option<&str>,
         extra: &[&str],
         env: &[(&str, &str)],
+        soft_nofile: Option<u64>,
     ) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
@@ -71,7 +78,29 @@ impl Mount {
         let mnt = mnt.canonicalize().unwrap();
         let log = dir.path().join("daemon.log");
         let arg = store_arg.map(PathBuf::from);
-        let child = Command::new(bin())
+        let mut cmd = Command::new(bin());
+        if let Some(n) = soft_nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: getrlimit and setrlimit are async-signal-safe and
+            // touch only this child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut l = libc::rlimit {
+                        rlim_cur: 0,
+                        rlim_max: 0,
+                    };
+                    if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    l.rlim_cur = n.min(l.rlim_max);
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("mount")
             .arg(arg.as_ref().unwrap_or(&store))
             .arg(&mnt)
