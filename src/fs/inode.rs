@@ -211,32 +211,20 @@ impl InodeTable {
         kind: NodeKind,
         identity: Identity,
     ) -> Arc<Inode> {
-        self.record(parent, name, backing, kind, identity, || true, false)
+        self.assign_if(parent, name, backing, kind, identity, || true, false)
             .expect("unconditional")
     }
 
-    /// [`Self::assign`] for a `lookup`, if `still_true` holds under the
-    /// table's lock (the namespace did not change since the caller
-    /// resolved the name), else None and nothing recorded. Counts the
-    /// kernel's lookup of the inode under that lock: an inode counted only
-    /// later could be dropped meanwhile as unreferenced (by a rename over
-    /// its name) and the kernel then told a number the table no longer
-    /// knows (every open of it ESTALE). A caller that fails before
+    /// [`Self::assign`] if `still_true` holds under the table's lock (the
+    /// namespace did not change since the caller resolved the name), else
+    /// None and nothing recorded. `looked_up`: for a `lookup`, which counts
+    /// the kernel's lookup of the inode under that lock; counted only
+    /// later, it could be dropped meanwhile as unreferenced (by a rename
+    /// over its name) and the kernel then told a number the table no
+    /// longer knows (every open of it ESTALE). A caller that fails before
     /// replying gives the count back with [`Self::forget`].
-    pub fn look_up_if(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        backing: &OsStr,
-        kind: NodeKind,
-        identity: Identity,
-        still_true: impl Fn() -> bool,
-    ) -> Option<Arc<Inode>> {
-        self.record(parent, name, backing, kind, identity, still_true, true)
-    }
-
     #[allow(clippy::too_many_arguments)]
-    fn record(
+    pub fn assign_if(
         &self,
         parent: u64,
         name: &OsStr,

@@ -204,13 +204,14 @@ impl CheckpointFs {
             return self.lookup_blz(&p, name).map(Some);
         }
         let (backing, kind, meta) = self.resolve(&p, name)?;
-        let Some(inode) = self.inodes.look_up_if(
+        let Some(inode) = self.inodes.assign_if(
             parent,
             name,
             &backing,
             kind,
             (meta.dev(), meta.ino()),
             || g.is_none_or(|g| self.ns.unchanged(g)),
+            true,
         ) else {
             return Ok(None);
         };

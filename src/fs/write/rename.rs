@@ -259,7 +259,7 @@ impl CheckpointFs {
         let inode = self
             .inodes
             .find(newparent, newname)
-            .filter(|i| i.identity() == identity && meta.is_file())?;
+            .filter(|i| i.identity() == identity && meta.is_file() && i.state().lookups > 0)?;
         match kind {
             NodeKind::Archive => {
                 // A failed parse is kept as its reason: nothing to serve.
