@@ -159,16 +159,18 @@ impl CheckpointFs {
         } else {
             return Err(FsError::NotFound);
         };
-        let inode = self.inodes.assign(p.ino, name, name, kind, root.identity());
+        // Counted under the table's lock, as every lookup (see `assign_if`).
+        let inode = self
+            .inodes
+            .assign_if(p.ino, name, name, kind, root.identity(), || true, true)
+            .expect("unconditional");
         let attr = match attr_of {
             Some(size) => {
                 Self::blz_entry_attr(inode.ino, &m, false, size, stored_share(&*a, &m, size))
             }
             None => Self::blz_entry_attr(inode.ino, &m, true, 4096, 0),
         };
-        let mut st = inode.state();
-        st.attr = Some(attr);
-        st.lookups += 1;
+        inode.state().attr = Some(attr);
         Ok(Entry {
             attr,
             ttl: self.ttl,
