@@ -414,11 +414,12 @@ fn blocks_decoded_while_the_base_is_checked_are_exact_or_errors() {
 }
 
 /// A token embedding of 8 MiB where a step moved 24 rows: its XOR is a
-/// sparse frame, one block over the whole tensor, decoded beside the base
-/// archive's many blocks. Reads at any offset are exact, and a damaged base
-/// gives an error, never wrong bytes.
+/// sparse frame, which decodes only whole, listed in blocks of 1 MiB that
+/// decode one at a time from its index. Reads at any offset are exact, a
+/// damaged base gives an error, never wrong bytes, and a delta written
+/// with the frame as one block (before blocks were listed) still reads.
 #[test]
-fn a_large_whole_frame_delta_over_a_base_archive_reads_exact() {
+fn a_sparse_delta_reads_block_by_block_over_a_base_archive() {
     use common::{gauss_bf16, safetensors_file, Rng};
     let (rows, cols) = (16384usize, 256usize);
     let mut rng = Rng(11);
@@ -453,13 +454,40 @@ fn a_large_whole_frame_delta_over_a_base_archive_reads_exact() {
     let delta = p("t.z4dm");
     pack_delta(d.path(), &p("base.zstn"), &delta);
 
+    let bytes = std::fs::read(&delta).unwrap();
+    let frame = {
+        use ckptfs::format::delta::{parse_record, Trailer};
+        let t = Trailer::find(&bytes).unwrap().unwrap();
+        let u = (0..t.units.len())
+            .find(|&u| {
+                parse_record(&bytes, t.units[u].record_offset as usize)
+                    .unwrap()
+                    .name
+                    == "embed.weight"
+            })
+            .unwrap();
+        let r = parse_record(&bytes, t.units[u].record_offset as usize).unwrap();
+        r.frame
+    };
+    let (frame_at, frame) = (frame.start, bytes[frame].to_vec());
+    assert_eq!(&frame[..4], b"ZSP1", "the XOR is a sparse frame");
     let a = ckptfs::archive::open(&delta).unwrap();
-    let whole = (0..a.units() as u32)
+    let unit = (0..a.units() as u32)
         .find(|&u| a.unit_name(u) == "embed.weight")
-        .map(|u| a.grid(u).unwrap())
         .unwrap();
-    assert_eq!(whole.blocks(), 1, "the sparse XOR is one block");
-    assert_eq!(whole.span(0).end, (rows * cols * 2) as u64);
+    let grid = a.grid(unit).unwrap();
+    let len = (rows * cols * 2) as u64;
+    assert_eq!(grid.blocks(), 8, "1 MiB blocks of the 8 MiB tensor");
+    assert!((0..8).all(|b| grid.span(b).end - grid.span(b).start == 1 << 20));
+    // One block decodes to its MiB, from the frame's index (its 4 Mi-bit
+    // bitmap and 24 rows of values), kept beside the block cache.
+    let key = ckptfs::archive::BlockKey { unit, block: 5 };
+    let block = a.decode_block(key).unwrap();
+    let at = a.segments(0).iter().find(|s| s.unit == unit).unwrap().start as usize;
+    assert_eq!(block[..], target[at + (5 << 20)..at + (6 << 20)]);
+    let held = ckptfs::archive::sparse_cache::held_bytes();
+    assert!(held >= (len / 16) as usize, "index of {held} bytes");
+    drop(a);
     let mut rng = Rng(5);
     for _ in 0..8 {
         let a = ckptfs::archive::open(&delta).unwrap();
@@ -471,4 +499,42 @@ fn a_large_whole_frame_delta_over_a_base_archive_reads_exact() {
     assert_eq!(unpack(&delta), target);
 
     base_flips_never_serve_wrong_bytes(&delta, &p("base.zstn"), &target, 40, 0x04);
+
+    // A flipped bit anywhere in the sparse frame (bitmap, values, their
+    // lengths): an error or the exact target, never other bytes.
+    let step = (frame.len() / 150).max(1);
+    for i in (frame_at..frame_at + frame.len()).step_by(step) {
+        let mut b = bytes.clone();
+        b[i] ^= 0x08;
+        if let Ok(a) = ckptfs::archive::from_bytes(b, &p("damaged.z4dm")) {
+            let mut out = Vec::new();
+            if ckptfs::archive::write_to(&*a, 0, &mut out, &|_| {}).is_ok() {
+                assert_eq!(out, target, "flip at {i} served wrong bytes");
+            }
+        }
+    }
+
+    // The same delta with the sparse unit listed as one block (as ckptfs
+    // wrote it before): it still reads, whole.
+    use ckptfs::format::ckx::BlockDigest;
+    use ckptfs::format::delta::Trailer;
+    use ckptfs::format::digest::xxh3_64;
+    let t = Trailer::find(&bytes).unwrap().unwrap();
+    let mut old = t.clone();
+    let u = &mut old.units[unit as usize];
+    assert_eq!(u.blocks.len(), 8);
+    u.blocks = vec![BlockDigest {
+        end: len,
+        payload: xxh3_64(&frame),
+        data: xxh3_64(&target[at..at + len as usize]),
+    }];
+    let mut one = bytes[..t.z4dm_len as usize].to_vec();
+    one.extend_from_slice(&old.render());
+    let one_path = p("one.z4dm");
+    std::fs::write(&one_path, &one).unwrap();
+    let a = ckptfs::archive::open(&one_path).unwrap();
+    assert_eq!(a.grid(unit).unwrap().blocks(), 1);
+    assert_eq!(unpack(&one_path), target);
+    let v = ok(&["verify", s(&one_path)]);
+    assert!(v.contains("OK"), "{v}");
 }

@@ -17,8 +17,10 @@
 //! Units are the records, in order. A block of a FULL unit is a frame
 //! block (compressed bytes checked before decoding, as in CKX1); of a
 //! DELTA unit, the XOR frame's block XOR the same range of the base tensor,
-//! read through the base archive; of a COPY unit, a 1 MiB range of the
-//! base tensor. Every block's bytes are checked against the trailer's
+//! read through the base archive (a `ZSP1` sparse XOR, which decodes only
+//! whole, in the blocks its trailer lists: each from the frame's index,
+//! decoded once per unit and kept in `sparse_cache`); of a COPY unit, a
+//! 1 MiB range of the base tensor. Every block's bytes are checked against the trailer's
 //! digest of the *target* bytes before they are returned, so a wrong or
 //! damaged base gives an error, never wrong bytes.
 //!
@@ -38,11 +40,14 @@ use super::frame_block::{
     io_error, GridCell, GridError,
 };
 use super::{
-    ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, PieceSource, Result, Segment,
+    sparse_cache, ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, PieceSource, Result,
+    Segment,
 };
 use crate::codec::xor_delta::xor_into;
+use crate::format::ckx;
 use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN};
 use crate::format::digest::{xxh3_64, Xxh3};
+use crate::format::frame::Frame;
 use crate::format::safetensors::{header_len, Header, TensorEntry};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -55,9 +60,13 @@ use std::sync::{Arc, OnceLock};
 
 /// The largest COPY block a reader accepts (ckptfs writes 1 MiB).
 const MAX_COPY_BLOCK: u64 = 64 << 20;
-/// A DELTA block longer than this (a `ZSP1` frame, which decodes whole:
-/// block grids are otherwise about 1 MiB) is decoded beside the base's
-/// bytes, and a base range longer than this is decoded in parallel.
+/// The largest block of a sliced sparse unit a reader accepts (ckptfs
+/// writes 1 MiB).
+const MAX_SLICE: u64 = 64 << 20;
+/// A DELTA block longer than this (a `ZSP1` frame listed as one block, as
+/// ckptfs wrote them before listing their blocks: block grids are
+/// otherwise about 1 MiB) is decoded beside the base's bytes, and a base
+/// range longer than this is decoded in parallel.
 const OVERLAP_MIN: u64 = 4 << 20;
 
 /// Where a delta's base is opened from.
@@ -236,8 +245,8 @@ impl Base {
 
 /// Applies `op(dst, src)` to every piece of `out` and the presented bytes of
 /// `a` from `offset` (checked by the caller), decoding the blocks in
-/// parallel when the range is long: a delta block that decodes whole (the
-/// `ZSP1` sparse XOR frame of a large tensor) spans many base blocks,
+/// parallel when the range is long: a delta block that decodes whole (a
+/// `ZSP1` sparse XOR frame listed as one block) spans many base blocks,
 /// which a standalone read of the range would decode in parallel too.
 fn each_piece(
     a: &dyn ArchiveView,
@@ -372,6 +381,14 @@ pub struct DeltaArchive {
     /// Set when a thread starts the check (it may still be running).
     base_check_started: AtomicBool,
     fingerprint: u64,
+    /// This archive's key in `sparse_cache`.
+    owner: u64,
+}
+
+impl Drop for DeltaArchive {
+    fn drop(&mut self) {
+        sparse_cache::forget(self.owner);
+    }
 }
 
 impl DeltaArchive {
@@ -604,6 +621,7 @@ impl DeltaArchive {
             base_ok: OnceLock::new(),
             base_check_started: AtomicBool::new(false),
             fingerprint,
+            owner: sparse_cache::new_owner(),
         })
     }
 
@@ -730,6 +748,8 @@ impl DeltaArchive {
                             },
                         );
                         (out?, Some(base?))
+                    } else if grid.elem_bytes == 0 && grid.blocks() > 1 {
+                        (self.sliced_sparse_block(key, frame, span.clone())?, None)
                     } else {
                         (decode_unit_block(self, key, frame)?, None)
                     };
@@ -776,6 +796,82 @@ impl DeltaArchive {
         })
     }
 
+    fn unit_frame(&self, u: &Unit) -> &[u8] {
+        &self.bytes()[u.frame.clone()]
+    }
+
+    /// The grid of a DELTA unit whose XOR is a `ZSP1` frame that the
+    /// trailer lists in several blocks (FORMAT.md, deltas): the trailer's
+    /// block ends, checked to cut the frame's output on whole bytes of its
+    /// bitmap (8 elements) up to its body, each block at most
+    /// [`MAX_SLICE`]; the frame's index, the whole tensor's bitmap and
+    /// values, at most `MAX_BLOCK_BYTES`.
+    fn sliced_sparse_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
+        let u = &self.units[unit as usize];
+        let frame = self.unit_frame(u);
+        let bad = |what: &str| GridError::Integrity(format!("sliced sparse frame: {what}"));
+        let Frame::Sparse(f) = Frame::parse(frame).map_err(GridError::Codec)? else {
+            return Err(bad("not a ZSP1 frame"));
+        };
+        let w = u64::from(f.width);
+        let body = f
+            .count
+            .checked_mul(w)
+            .ok_or_else(|| bad("length overflows"))?;
+        if Frame::Sparse(f.clone()).decoded_len() != u.len {
+            return Err(bad("decodes to a length other than its tensor's"));
+        }
+        let index = f.count.div_ceil(8).saturating_add(f.nnz.saturating_mul(w));
+        if index > crate::format::frame::MAX_BLOCK_BYTES {
+            return Err(bad("its bitmap and values are too large to index"));
+        }
+        let mut bounds = vec![0u64];
+        for b in &self.trailer.units[unit as usize].blocks {
+            let last = *bounds.last().expect("non-empty");
+            let inner = b.end < u.len;
+            if b.end <= last
+                || b.end - last > MAX_SLICE
+                || (inner && (b.end > body || b.end % (8 * w) != 0))
+            {
+                return Err(GridError::Integrity("CKD1 block layout is invalid".into()));
+            }
+            bounds.push(b.end);
+        }
+        if *bounds.last().expect("non-empty") != u.len {
+            return Err(GridError::Integrity("CKD1 block layout is invalid".into()));
+        }
+        if self.trailer.units[unit as usize].meta_digest
+            != ckx::meta_digest(frame, None, &bounds, 0)
+        {
+            return Err(GridError::Integrity(
+                "checksum mismatch in frame headers or tables".into(),
+            ));
+        }
+        Ok(Arc::new(Grid::plain(bounds)))
+    }
+
+    /// Block `b` (`span`) of a sliced sparse unit's XOR, from the frame's
+    /// index (built once per unit, kept in `sparse_cache`).
+    fn sliced_sparse_block(
+        &self,
+        key: BlockKey,
+        frame: &[u8],
+        span: Range<u64>,
+    ) -> Result<Vec<u8>> {
+        let err = |e| self.frame_error(key.unit, e);
+        let ix = sparse_cache::get_or_build(self.owner, key.unit, || match Frame::parse(frame)? {
+            Frame::Sparse(f) => f.index(),
+            _ => Err(crate::codec::CodecError::invalid(
+                "sliced sparse unit",
+                "not a ZSP1 frame",
+            )),
+        })
+        .map_err(err)?;
+        let mut out = crate::codec::buffers::take(span.end - span.start, "a block").map_err(err)?;
+        ix.decode_range(span.start, &mut out).map_err(err)?;
+        Ok(out)
+    }
+
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
         let u = &self.units[unit as usize];
         let want = &self.trailer.units[unit as usize].blocks;
@@ -795,6 +891,9 @@ impl DeltaArchive {
                     return Err(GridError::Integrity("CKD1 block layout is invalid".into()));
                 }
                 Ok(Arc::new(Grid::plain(bounds)))
+            }
+            DeltaKind::Delta if want.len() > 1 && frame_is_sparse(self.unit_frame(u)) => {
+                self.sliced_sparse_grid(unit)
             }
             DeltaKind::Full | DeltaKind::Delta => {
                 let frame = &self.bytes()[u.frame.clone()];
@@ -999,4 +1098,9 @@ impl ArchiveView for DeltaArchive {
             len as f64 / self.stored_len().max(1) as f64,
         ))
     }
+}
+
+/// True when `frame` is a `ZSP1` sparse frame.
+fn frame_is_sparse(frame: &[u8]) -> bool {
+    frame.starts_with(b"ZSP1")
 }

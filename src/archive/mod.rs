@@ -35,6 +35,7 @@ pub mod blz;
 pub mod delta;
 pub mod frame_block;
 mod pipeline;
+pub mod sparse_cache;
 pub mod zstn;
 
 pub use backing::Backing;

@@ -488,6 +488,19 @@ impl SparseFrame<'_> {
         if self.count == 0 {
             return Ok(());
         }
+        let bitmap = self.decoded_bitmap()?;
+        body.fill(0);
+        match &self.values {
+            Some(v) => v.scatter(&bitmap, w, body),
+            None => Ok(()),
+        }
+    }
+}
+
+impl SparseFrame<'_> {
+    /// The bitmap, decoded, its padding bits cleared, and checked to hold
+    /// `nnz` set bits.
+    pub(super) fn decoded_bitmap(&self) -> Result<Vec<u8>> {
         let n = self.count as usize;
         let mut bitmap = super::zeroed(self.count.div_ceil(8), "ZSP1 bitmap")?;
         zstd::decompress_exact(self.bitmap, &mut bitmap, "ZSP1 bitmap")?;
@@ -503,11 +516,7 @@ impl SparseFrame<'_> {
                 format!("bitmap has {set} set bits, header says {}", self.nnz),
             ));
         }
-        body.fill(0);
-        match &self.values {
-            Some(v) => v.scatter(&bitmap, w, body),
-            None => Ok(()),
-        }
+        Ok(bitmap)
     }
 }
 
@@ -555,7 +564,7 @@ impl Zrt1Frame<'_> {
 }
 
 /// A ZRT1 stream's bytes: in place when stored, else decoded into `buf`.
-fn stream_bytes<'a>(s: &PlaneRef<'a>, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+pub(super) fn stream_bytes<'a>(s: &PlaneRef<'a>, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
     if s.method == plane::STORE && s.payload.len() as u64 == s.orig_len {
         return Ok(s.payload);
     }

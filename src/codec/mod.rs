@@ -23,6 +23,7 @@ mod join_avx2;
 mod join_avx512;
 pub mod plane;
 pub mod rans;
+pub mod sparse;
 #[cfg(target_arch = "x86_64")]
 mod split_avx2;
 #[cfg(target_arch = "x86_64")]

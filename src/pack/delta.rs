@@ -18,7 +18,7 @@
 //! and written as they complete. No I/O beyond `out`; the caller owns the
 //! files and resolves the base.
 
-use super::tensor::{digests, encode_tensor, encode_xor};
+use super::tensor::{digests, encode_tensor, encode_xor, xor_digests};
 use super::{PackError, PackOptions};
 use crate::codec::xor_delta::xor_of;
 use crate::format::ckx::{BlockDigest, UnitDigests};
@@ -120,7 +120,7 @@ fn encode(
     {
         // Block digests cover the target bytes each block serves (the
         // frame decodes to the XOR, of the same length and block grid).
-        let unit = digests(&d, raw)?;
+        let unit = xor_digests(&d, raw)?;
         Ok(Encoded {
             kind: DeltaKind::Delta,
             frame: d,

@@ -685,6 +685,32 @@ fn zstd_blocks_or_stored(data: &[u8], block: usize) -> PlaneOut {
     }
 }
 
+/// The digests of a delta's XOR frame: as [`digests`], except that a
+/// `ZSP1` frame longer than a block, which decodes only whole, is listed
+/// in blocks of about [`BLOCK_BYTES`] (whole bytes of its bitmap: 8
+/// elements), its tail in the last, which a reader decodes one at a time
+/// from the frame's bitmap and values (`codec::sparse`). Every block's
+/// payload is the whole frame, so its meta digest is that of one block.
+pub(super) fn xor_digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests, PackError> {
+    let sparse = match Frame::parse(frame_bytes) {
+        Ok(Frame::Sparse(f)) if raw.len() as u64 > BLOCK_BYTES => f,
+        _ => return digests(frame_bytes, raw),
+    };
+    if Frame::Sparse(sparse.clone()).decoded_len() != raw.len() as u64 {
+        return Err(PackError::Internal("own frame has the wrong length".into()));
+    }
+    let group = 8 * sparse.width as u64;
+    let body = sparse.count * sparse.width as u64;
+    let step = (BLOCK_BYTES / group).max(1) * group;
+    let mut bounds: Vec<u64> = (0..body).step_by(step as usize).collect();
+    bounds.push(raw.len() as u64);
+    let blocks: Vec<&[u8]> = bounds
+        .windows(2)
+        .map(|w| &raw[w[0] as usize..w[1] as usize])
+        .collect();
+    Ok(ckx::unit_digests(frame_bytes, None, &bounds, 0, &blocks))
+}
+
 /// The digests of one frame, computed exactly as the reader will.
 pub(super) fn digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests, PackError> {
     let f = Frame::parse(frame_bytes)
