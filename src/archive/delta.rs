@@ -20,9 +20,9 @@
 //! read through the base archive (a `ZSP1` sparse XOR, which decodes only
 //! whole, in the blocks its trailer lists: each from the frame's index,
 //! decoded once per unit and kept in `sparse_cache`); of a COPY unit, a
-//! 1 MiB range of the base tensor. Every block's bytes are checked against the trailer's
-//! digest of the *target* bytes before they are returned, so a wrong or
-//! damaged base gives an error, never wrong bytes.
+//! 1 MiB range of the base tensor. Every block's bytes are checked against
+//! the trailer's digest of the *target* bytes before they are returned, so
+//! a wrong or damaged base gives an error, never wrong bytes.
 //!
 //! Before the first byte that needs the base is served, the base's
 //! identity is checked once ([`DeltaArchive::check_base`]): its archive

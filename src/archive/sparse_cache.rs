@@ -11,7 +11,11 @@
 //! is at most about 20 MiB).
 //!
 //! Concurrency: the first block of a unit builds its index while the other
-//! blocks of that unit wait for it, so an index is built once.
+//! blocks of that unit wait for it, so an index is built once. A build
+//! must not use rayon: a worker waiting in it for a stolen task could take
+//! a block of the same unit and wait on the index it is building (a ZSP1
+//! frame's bitmap and value streams are single zstd frames or stored, so
+//! `SparseFrame::index` decodes on its own thread).
 
 use crate::codec::sparse::SparseIndex;
 use crate::codec::Result;

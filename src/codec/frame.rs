@@ -495,9 +495,7 @@ impl SparseFrame<'_> {
             None => Ok(()),
         }
     }
-}
 
-impl SparseFrame<'_> {
     /// The bitmap, decoded, its padding bits cleared, and checked to hold
     /// `nnz` set bits.
     pub(super) fn decoded_bitmap(&self) -> Result<Vec<u8>> {
