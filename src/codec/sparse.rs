@@ -65,6 +65,11 @@ impl SparseFrame<'_> {
                     return Err(short());
                 }
                 for s in &v.streams[..streams] {
+                    // Checked before decoding (the parser checks it too):
+                    // nothing is sized by a length the counts disagree with.
+                    if s.orig_len != per_stream as u64 {
+                        return Err(short());
+                    }
                     let mut buf = Vec::new();
                     let bytes = stream_bytes(s, &mut buf)?;
                     if bytes.len() != per_stream {
