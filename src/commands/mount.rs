@@ -317,8 +317,6 @@ fn lazy_unmount(mountpoint: &Path) {
     }
 }
 
-/// Raises the kernel readahead of the mount's backing device (bdi); the
-/// default 128 KiB starves a decoder that works in 1 MiB blocks.
 /// The daemon holds a descriptor for every plain or staged file open
 /// through the mount (and for every file a rename replaced while the
 /// kernel may still open it): its soft limit on open files is raised to
@@ -342,6 +340,8 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Raises the kernel readahead of the mount's backing device (bdi); the
+/// default 128 KiB starves a decoder that works in 1 MiB blocks.
 fn raise_read_ahead(mountpoint: &Path, kib: u32) {
     let Ok(m) = std::fs::metadata(mountpoint) else {
         return;
