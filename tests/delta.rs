@@ -245,6 +245,20 @@ fn a_missing_or_different_base_is_one_line_naming_both_files() {
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert_eq!(e.matches("t.z4dm").count(), 1, "the delta named once: {e}");
     assert!(!p("x.safetensors").exists());
+    // `info` shows what the delta says of itself and names the missing
+    // base (issue 40, item 9), exiting non-zero.
+    let o = common::ckptfs(&["info", s(&delta)]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    let target_len = std::fs::metadata(p("target.safetensors")).unwrap().len();
+    assert!(
+        out.contains("t.z4dm")
+            && out.contains("against base.zstn")
+            && out.contains(&format!("{target_len} -> ")),
+        "{out}"
+    );
+    assert!(err.contains("base.zstn"), "{err}");
     // Another checkpoint with the same tensors in the base's place: its
     // digest differs, so nothing is served.
     let (other, _) = delta_pair(99, 3, 1 << 16);

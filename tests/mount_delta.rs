@@ -197,9 +197,10 @@ fn a_missing_or_swapped_base_is_eio_for_that_file_only() {
 #[test]
 fn a_missing_base_is_eio_and_the_file_is_still_listed() {
     let src = tempfile::tempdir().unwrap();
+    let mut target = Vec::new();
     let m = Mount::new(
         |s| {
-            fill(s, src.path());
+            target = fill(s, src.path());
             // The base disappears.
             std::fs::remove_file(s.join("s1/model.zstn")).unwrap();
         },
@@ -212,8 +213,17 @@ fn a_missing_base_is_eio_and_the_file_is_still_listed() {
         log.contains("s2/model.z4dm") && log.contains("s1/model.zstn"),
         "{log}"
     );
-    // Listed with its stored size; the unrelated archive reads.
-    assert!(std::fs::metadata(m.path("s2/model.safetensors")).is_ok());
+    // Listed with the size of the file it presents (from the delta's own
+    // head: issue 40, item 9), not its stored size; the unrelated archive
+    // reads.
+    let stored = std::fs::metadata(m.store.join("s2/model.z4dm"))
+        .unwrap()
+        .len();
+    let shown = std::fs::metadata(m.path("s2/model.safetensors"))
+        .unwrap()
+        .len();
+    assert_ne!(stored, target.len() as u64);
+    assert_eq!(shown, target.len() as u64, "stored {stored}");
     assert_eq!(
         std::fs::read(m.path("other.safetensors")).unwrap(),
         std::fs::read(src.path().join("base.safetensors")).unwrap()

@@ -395,3 +395,150 @@ fn kill_9_during_a_rename_of_a_base_loses_nothing() {
     assert!(m.spool_entries().is_empty(), "{:?}", m.spool_entries());
     verify_ok(&m.store);
 }
+
+const NOBODY: u32 = 65534;
+
+/// Runs `python3 -c program args` as uid/gid `NOBODY` with no
+/// supplementary groups; returns its standard output.
+fn as_nobody(program: &str, args: &[&Path]) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg("-c").arg(program).args(args);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(NOBODY, NOBODY, NOBODY) != 0
+                || libc::setresuid(NOBODY, NOBODY, NOBODY) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run python3 as nobody");
+    assert!(
+        out.status.success(),
+        "as nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// As nobody: writes standard input's bytes (a file given as argv[2]) to
+/// argv[1], naming argv[3] (when given) as its base first.
+const WRITE: &str = r#"
+import os, sys
+data = open(sys.argv[2], "rb").read()
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+if len(sys.argv) > 3:
+    os.setxattr(sys.argv[1], "user.ckptfs.base", sys.argv[3].encode())
+os.write(fd, data)
+os.close(fd)
+"#;
+
+/// As nobody: the SHA-256 of argv[1], or the errno name reading it.
+const DIGEST: &str = r#"
+import errno, hashlib, sys
+try:
+    print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())
+except OSError as e:
+    print(errno.errorcode.get(e.errno, str(e.errno)))
+"#;
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// Issue 40, item 4: a delta's base must be a file its writer may read
+/// and that the writer or root owns, whether the writer names it
+/// (`user.ckptfs.base`) or the mount picks it; otherwise the size of the
+/// delta would tell the writer whether its bytes equal a file it may not
+/// read.
+#[test]
+fn a_base_the_writer_may_not_read_or_does_not_own_is_never_used() {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut m = Mount::new(|_| {}, &["--delta", "auto", "--allow-other"]);
+    let chmod = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    // Nobody reaches the mountpoint and may create under run/.
+    chmod(m.dir.path(), 0o755);
+    std::fs::create_dir(m.path("run")).unwrap();
+    chmod(&m.path("run"), 0o777);
+    let mut run = Run::new(21);
+    // Root's private checkpoint.
+    let secret = run.bytes();
+    std::fs::create_dir(m.path("run/secret")).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(m.path("run/secret/model.safetensors"))
+            .unwrap();
+        f.write_all(&secret).unwrap();
+    }
+    m.wait_committed(120);
+    assert_eq!(names(&m.store.join("run/secret")), vec!["model.zstn"]);
+    // Nobody names it as the base of a file equal to it but for one step
+    // (and it is also the newest sibling of the same name, the automatic
+    // choice).
+    run.advance();
+    let mine = run.bytes();
+    let tmp = tempfile::tempdir().unwrap();
+    chmod(tmp.path(), 0o755);
+    let src = tmp.path().join("mine");
+    std::fs::write(&src, &mine).unwrap();
+    chmod(&src, 0o644);
+    std::fs::create_dir(m.path("run/mine")).unwrap();
+    chmod(&m.path("run/mine"), 0o777);
+    let target = m.path("run/mine/model.safetensors");
+    as_nobody(
+        WRITE,
+        &[&target, &src, Path::new("../secret/model.safetensors")],
+    );
+    m.wait_committed(120);
+    assert_eq!(
+        names(&m.store.join("run/mine")),
+        vec!["model.zstn"],
+        "stored against a base nobody may not read: {}",
+        m.log_text()
+    );
+    assert!(
+        m.log_text().contains("is not a base this file may have"),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
+    // Root's next step: the newest sibling is nobody's file, which root's
+    // file must not depend on; root's own earlier file is taken instead.
+    run.advance();
+    let roots = run.bytes();
+    save(&m, "run/root/model.safetensors", &roots);
+    assert_eq!(
+        names(&m.store.join("run/root")),
+        vec!["model.z4dm"],
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(
+        getxattr(&m.path("run/root/model.safetensors"), "user.ckptfs.base").as_deref(),
+        Some("../secret/model.zstn")
+    );
+    // Every file reads back for its owner, also after a remount.
+    m.unmount();
+    m.remount(&["--delta", "auto", "--allow-other"]);
+    assert_eq!(as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
+    assert_eq!(
+        as_nobody(DIGEST, &[&m.path("run/secret/model.safetensors")]).trim(),
+        "EACCES"
+    );
+    assert!(std::fs::read(m.path("run/root/model.safetensors")).unwrap() == roots);
+    assert!(std::fs::read(m.path("run/secret/model.safetensors")).unwrap() == secret);
+}

@@ -475,3 +475,98 @@ fn one_writer_and_two_read_only_mounts_of_a_local_store_agree() {
         }
     }
 }
+
+/// chmod, chown and utime right after close, over many files: each lands
+/// on the committed archive, whether it ran before, during or after the
+/// background compression (doc/SEMANTICS.md, "Attributes").
+#[test]
+fn attributes_set_just_after_close_survive_the_commit() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const FILES: usize = 30;
+    let mut rng = common::Rng(0x5eed);
+    let mut src = Vec::new();
+    for i in 0..FILES {
+        // Related files (a shared tensor and one that differs), so that
+        // `--delta auto` stores some as deltas.
+        let shared = common::gauss_bf16(&mut common::Rng(7), 600_000, 0.02);
+        let own = common::gauss_bf16(&mut rng, 200_000 + i * 1000, 0.02);
+        src.push(common::safetensors_file(
+            &[
+                ("shared", "BF16", vec![600_000], shared),
+                ("own", "BF16", vec![200_000 + i as u64 * 1000], own),
+            ],
+            None,
+        ));
+    }
+    let mtime = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    for extra in [&[][..], &["--delta", "auto"][..]] {
+        let mut m = Mount::new(|_| {}, extra);
+        for (i, bytes) in src.iter().enumerate() {
+            let p = m.path(&format!("sh{i}.safetensors"));
+            std::fs::write(&p, bytes).unwrap();
+            // At once after close, while the daemon compresses it.
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::os::unix::fs::chown(&p, Some(4242), Some(4343)).unwrap();
+            set_mtime(&p, mtime);
+        }
+        m.wait_committed(120);
+        let check = |where_: &str, m: &Mount| {
+            let mut wrong = Vec::new();
+            for (i, bytes) in src.iter().enumerate() {
+                let p = m.path(&format!("sh{i}.safetensors"));
+                let md = std::fs::metadata(&p).unwrap();
+                let got = (md.mode() & 0o7777, md.uid(), md.gid(), md.mtime());
+                if got != (0o600, 4242, 4343, 1_500_000_000) {
+                    wrong.push(format!("sh{i}: {got:?}"));
+                }
+                if i % 10 == 0 {
+                    assert_eq!(&std::fs::read(&p).unwrap(), bytes, "{where_} sh{i}");
+                }
+            }
+            assert!(
+                wrong.is_empty(),
+                "{where_} {extra:?}: {} of {FILES} files lost an attribute (mode, uid, gid, mtime): {wrong:?}",
+                wrong.len()
+            );
+        };
+        check("mounted", &m);
+        // The store's archives themselves carry them.
+        for e in std::fs::read_dir(&m.store).unwrap() {
+            let e = e.unwrap();
+            if e.file_name() == ".ckptfs-spool" {
+                continue;
+            }
+            let md = e.metadata().unwrap();
+            assert_eq!(
+                (md.mode() & 0o7777, md.uid(), md.mtime()),
+                (0o600, 4242, 1_500_000_000),
+                "{:?} in STORE",
+                e.file_name()
+            );
+        }
+        m.unmount();
+        m.remount(extra);
+        check("after a remount", &m);
+    }
+}
+
+/// `utimensat` of `p` (as `os.utime` and `touch -d` do, by path): its
+/// access and modification times set to `t`.
+fn set_mtime(p: &Path, t: std::time::SystemTime) {
+    use std::os::unix::ffi::OsStrExt;
+    let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let ts = libc::timespec {
+        tv_sec: secs as libc::time_t,
+        tv_nsec: 0,
+    };
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a valid C string and `ts` two valid timespecs.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [ts, ts].as_ptr(), 0) };
+    assert_eq!(
+        rc,
+        0,
+        "utimensat {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}

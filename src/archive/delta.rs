@@ -298,6 +298,26 @@ pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Re
     Ok(Base::Plain { path, map: backing })
 }
 
+/// The size of the file a `Z4DM` delta presents, from its head alone (no
+/// base needed): `8 + hlen + data_len`. None when `file` is no `Z4DM` or
+/// its head cannot be read; for listing a delta whose base is missing with
+/// the size it would have.
+pub fn presented_len_of_head(file: &File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut fixed = [0u8; 13];
+    file.read_exact_at(&mut fixed, 0).ok()?;
+    if &fixed[..4] != delta::Z4DM_MAGIC || fixed[4] != delta::Z4DM_VERSION {
+        return None;
+    }
+    let hlen = u64::from_le_bytes(fixed[5..13].try_into().ok()?);
+    if hlen > crate::format::safetensors::MAX_HEADER_LEN {
+        return None;
+    }
+    let mut data_len = [0u8; 8];
+    file.read_exact_at(&mut data_len, 13 + hlen).ok()?;
+    (8 + hlen).checked_add(u64::from_le_bytes(data_len))
+}
+
 /// The most a record's bytes before its frame take besides its name:
 /// name length, begin, end, kind, frame length and a DELTA's Z4DL header.
 const RECORD_HEAD_FIXED: u64 = 2 + 8 + 8 + 1 + 8 + delta::Z4DL_HEADER as u64;

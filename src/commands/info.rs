@@ -369,6 +369,22 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
         match r {
             Ok(i) => infos.push(i),
             Err(e) => {
+                // A ckptfs delta whose base cannot be opened: what its own
+                // head and trailer say, then why it cannot be read.
+                if let Some(v) = delta_without_base(path) {
+                    if a.json {
+                        blazex_json.push(v);
+                    } else {
+                        println!(
+                            "{}: ckptfs delta (chain depth {}) against {} (not readable): {} -> {} bytes",
+                            path.display(),
+                            v["chain_depth"],
+                            v["base"].as_str().unwrap_or_default(),
+                            v["size"],
+                            v["stored"]
+                        );
+                    }
+                }
                 eprintln!("ckptfs: {}", super::one_line(&*e));
                 failed = true;
             }
@@ -445,4 +461,24 @@ fn getxattr(path: &std::path::Path, name: &str) -> std::io::Result<Vec<u8>> {
     }
     buf.truncate(r as usize);
     Ok(buf)
+}
+
+/// What a ckptfs delta (`Z4DM` with a `CKD1` trailer) says of itself without
+/// its base: the base's recorded path, chain depth, presented and stored
+/// sizes. None for any other file.
+fn delta_without_base(path: &std::path::Path) -> Option<serde_json::Value> {
+    let f = std::fs::File::open(path).ok()?;
+    let size = crate::archive::delta::presented_len_of_head(&f)?;
+    // SAFETY: a read-only private map of a file this command only reads.
+    let map = unsafe { memmap2::Mmap::map(&f) }.ok()?;
+    let t = crate::format::delta::Trailer::find(&map).ok()??;
+    Some(serde_json::json!({
+        "file": path.display().to_string(),
+        "format": "ckptfs-delta-v1",
+        "base": t.base_path,
+        "chain_depth": t.depth,
+        "size": size,
+        "stored": map.len(),
+        "error": "the base cannot be opened",
+    }))
 }

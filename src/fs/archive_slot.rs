@@ -44,6 +44,10 @@ pub struct Slot {
     /// Unique per process: the cache key of this version's blocks.
     pub(super) generation: u64,
     pub(super) archive: std::result::Result<Arc<dyn ArchiveView>, Arc<String>>,
+    /// For an archive that cannot be opened: the size it presents when
+    /// that is known without it (a delta whose base is missing), else
+    /// None (listed with its stored size).
+    pub(super) presented_len: Option<u64>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -189,9 +193,14 @@ pub(super) fn parse_version(
         log::warn!("{e} (answered EIO; tried again at the next access)");
         return Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
     }
+    let presented_len = match &archive {
+        Err(_) if !directory => archive::delta::presented_len_of_head(file),
+        _ => None,
+    };
     Ok(Slot {
         version: version_of(meta),
         generation: next_generation(),
+        presented_len,
         archive: archive.map_err(|e| {
             log::warn!("{e} ({shown}; opening it fails with EIO)");
             Arc::new(e.reason())

@@ -44,13 +44,27 @@ pub(super) fn attr_from_meta(ino: u64, m: &Metadata, size: u64) -> Attr {
 }
 
 impl CheckpointFs {
+    /// `a` as the mount shows it: without write bits under `--read-only`,
+    /// where nothing can be written (`ls -l` and `access(W_OK)`-free
+    /// tools such as file managers tell so, as on a read-only medium).
+    fn shown(&self, mut a: Attr) -> Attr {
+        if self.read_only {
+            a.perm &= !0o222;
+        }
+        a
+    }
+
     pub(super) fn attr_of(&self, inode: &Inode, meta: &Metadata) -> Result<Attr> {
         let kind = inode.kind();
         let size = match kind {
-            NodeKind::Archive => match &self.archive_slot(inode, meta)?.archive {
-                Ok(a) => a.logical_len(0),
-                Err(_) => meta.len(),
-            },
+            NodeKind::Archive => {
+                let slot = self.archive_slot(inode, meta)?;
+                match &slot.archive {
+                    Ok(a) => a.logical_len(0),
+                    // A delta whose base is missing: the size it presents.
+                    Err(_) => slot.presented_len.unwrap_or(meta.len()),
+                }
+            }
             NodeKind::Directory | NodeKind::Plain | NodeKind::Blz | NodeKind::Staged { .. } => {
                 meta.len()
             }
@@ -59,7 +73,7 @@ impl CheckpointFs {
             }
             NodeKind::GgufView => self.gguf_view_of(inode)?.0.logical_len(0),
         };
-        let mut attr = attr_from_meta(inode.ino, meta, size);
+        let mut attr = self.shown(attr_from_meta(inode.ino, meta, size));
         if kind == NodeKind::Blz {
             // Listed even when it cannot be parsed; nothing is parsed here.
             attr.kind = FileKind::Directory;
@@ -111,7 +125,7 @@ impl CheckpointFs {
             if let Handle::Plain(p) = &*h {
                 if p.ino == ino {
                     let m = p.file.metadata()?;
-                    let attr = attr_from_meta(ino, &m, m.len());
+                    let attr = self.shown(attr_from_meta(ino, &m, m.len()));
                     inode.state().attr = Some(attr);
                     return Ok(attr);
                 }

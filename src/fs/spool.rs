@@ -90,14 +90,14 @@ impl Spool {
     /// files and lone records, and indexes every staged file.
     pub fn open(store: &Path) -> io::Result<(Spool, Vec<Recovered>)> {
         let dir = store.join(SPOOL_DIR);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-                crate::fsutil::sync_dir(store)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        let created = match std::fs::create_dir(&dir) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
             Err(e) => return Err(e),
+        };
+        secure_dir(&dir)?;
+        if created {
+            crate::fsutil::sync_dir(store)?;
         }
         let mut ids = Vec::new();
         let mut max = 0u64;
@@ -509,4 +509,56 @@ fn valid_target(p: &Path) -> bool {
     !p.as_os_str().is_empty()
         && p.components().all(|c| matches!(c, Component::Normal(_)))
         && p.components().next().map(|c| c.as_os_str()) != Some(std::ffi::OsStr::new(SPOOL_DIR))
+}
+
+/// Makes the spool directory `dir` the daemon's own, mode 0700, whether
+/// it was just made or found (an older build, a restore from a backup or
+/// another user may have left it open to others): staged names and sizes
+/// are nobody else's business. Refuses a symlink or a non-directory, and a
+/// directory owned by someone else when the daemon cannot take it over.
+fn secure_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("{}: the spool must be a directory ({e})", dir.display()),
+            )
+        })?;
+    let m = f.metadata()?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        if me != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{}: owned by uid {}, not by the daemon's uid {me}",
+                    dir.display(),
+                    m.uid()
+                ),
+            ));
+        }
+        // SAFETY: getegid has no preconditions.
+        std::os::unix::fs::fchown(&f, Some(me), Some(unsafe { libc::getegid() }))?;
+        log::warn!(
+            "{}: was owned by uid {}; now root's",
+            dir.display(),
+            m.uid()
+        );
+    }
+    if m.mode() & 0o7777 != 0o700 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o700))?;
+        if m.mode() & 0o077 != 0 {
+            log::warn!(
+                "{}: was mode {:04o}, open to other users; now 0700",
+                dir.display(),
+                m.mode() & 0o7777
+            );
+        }
+    }
+    Ok(())
 }

@@ -216,6 +216,28 @@ fn read_only_mount_refuses_writes_and_leaves_store_untouched() {
         fs.open(e.attr.ino, libc::O_RDWR),
         Err(FsError::ReadOnly)
     ));
+    // Nothing shows write bits (issue 40, item 10): archives, plain files
+    // and directories alike, though the store's files have them.
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        std::fs::metadata(d.path().join("tiny.zstn"))
+            .unwrap()
+            .mode()
+            & 0o200,
+        0
+    );
+    let mut shown = vec![("tiny.safetensors", e.attr.perm)];
+    shown.push(("/", fs.getattr(ROOT_INO).unwrap().perm));
+    for (_, _, _, n) in list(&fs, ROOT_INO) {
+        if n == "." || n == ".." {
+            continue;
+        }
+        let a = fs.lookup(ROOT_INO, &n).unwrap().attr;
+        assert_eq!(a.perm & 0o222, 0, "{n:?} shows write bits");
+    }
+    for (n, perm) in shown {
+        assert_eq!(perm & 0o222, 0, "{n} shows write bits: {perm:o}");
+    }
 }
 
 #[test]

@@ -723,3 +723,36 @@ fn a_plain_file_beside_a_kept_archive_wins() {
     ));
     assert_eq!(listing(&fs, ROOT_INO), vec!["blob", "other"]);
 }
+
+/// The spool is the daemon's own, mode 0700, also when it was found open
+/// to others (issue 40, item 5; doc/SEMANTICS.md, "The spool").
+#[test]
+fn an_existing_spool_is_made_private_at_every_open() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = tempfile::tempdir().unwrap();
+    let spool = d.path().join(SPOOL_DIR);
+    std::fs::create_dir(&spool).unwrap();
+    std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if super::sys::is_root() {
+        std::os::unix::fs::chown(&spool, Some(4242), Some(4242)).unwrap();
+    }
+    drop(fs_over(d.path()));
+    let m = std::fs::metadata(&spool).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o700);
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(m.uid(), unsafe { libc::geteuid() });
+    // A symlink in its place is refused, not followed.
+    std::fs::remove_dir(&spool).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), &spool).unwrap();
+    let e = CheckpointFs::new(FsConfig {
+        store: d.path().to_path_buf(),
+        cache_bytes: 64 << 20,
+        ttl: Duration::from_secs(1),
+        read_only: false,
+        require_checksums: false,
+        allow_other: false,
+    })
+    .expect_err("a symlinked spool is refused");
+    assert!(e.to_string().contains(SPOOL_DIR), "{e}");
+}

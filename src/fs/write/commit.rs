@@ -224,17 +224,9 @@ impl CheckpointFs {
             }
             None => (out, stats.stored_bytes),
         };
-        // The archive keeps the file's mode, owner and times.
-        use std::os::unix::fs::PermissionsExt;
-        out.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
-        if is_root() {
-            std::os::unix::fs::fchown(&out, Some(m.uid()), Some(m.gid()))?;
-        }
-        out.set_times(
-            std::fs::FileTimes::new()
-                .set_accessed(m.accessed()?)
-                .set_modified(m.modified()?),
-        )?;
+        // The archive keeps the file's mode, owner and times (copied again
+        // under `ns` at commit: a chmod made while packing is not lost).
+        copy_attrs(&m, &out)?;
         out.sync_all()?;
         Ok(Some(Packed {
             raw: stats.raw_bytes,
@@ -298,6 +290,12 @@ impl CheckpointFs {
             }
         }
         let (backing, kind) = if let Some(delta) = how {
+            // A chmod, chown or utime of the staged file after it was
+            // packed (setattr takes `ns` too) is carried to the archive.
+            let staged = std::fs::metadata(spool.data_path(id))?;
+            let out = OpenOptions::new().write(true).open(spool.tmp_path(id))?;
+            copy_attrs(&staged, &out)?;
+            out.sync_all()?;
             let zname = match delta {
                 Some(_) => namespace::delta_name_for(name),
                 None => self.archive_name_in(dir_rel, name),
@@ -389,4 +387,18 @@ impl CheckpointFs {
         }
         namespace::archive_name_for(name)
     }
+}
+
+/// Gives `out` the mode, owner (when the daemon is root) and times of `m`.
+fn copy_attrs(m: &std::fs::Metadata, out: &File) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    out.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
+    if is_root() {
+        std::os::unix::fs::fchown(out, Some(m.uid()), Some(m.gid()))?;
+    }
+    out.set_times(
+        std::fs::FileTimes::new()
+            .set_accessed(m.accessed()?)
+            .set_modified(m.modified()?),
+    )
 }

@@ -11,6 +11,15 @@
 //!    tensors (names, dtypes, shapes), among the first
 //!    [`MAX_SAME_DIR`] looked at.
 //!
+//! Whoever names or is given a base, it must be one the writer could read
+//! itself: owned by the writer (the staged file's owner) or by root, and
+//! readable with the writer's credentials (uid, gid and supplementary
+//! groups, directories searched on the way included). Otherwise the size
+//! of the stored delta would tell the writer whether its bytes equal a
+//! file it may not read, and the writer's file would depend on a file it
+//! does not control. A named base that breaks the rule is logged and
+//! ignored; the automatic choices skip such files.
+//!
 //! A base that is a delta at `MAX_CHAIN` is replaced by its own base
 //! (re-basing), as `pack --base` does. The delta is packed next to the
 //! standalone archive (both in the spool) and kept only when it shares
@@ -21,6 +30,7 @@
 use crate::archive::{self, DeltaArchive};
 use crate::format::delta::MAX_CHAIN;
 use crate::format::safetensors::{self, Header};
+use crate::fs::beneath::{on_behalf, Ids};
 use crate::fs::inode::Identity;
 use crate::fs::namespace;
 use crate::fs::spool::{Spool, SPOOL_DIR};
@@ -57,7 +67,103 @@ fn parent(p: &Path) -> &Path {
     p.parent().unwrap_or(Path::new(""))
 }
 
+/// Who wrote a staged file, as the base rule checks it: the staged file's
+/// owner and that user's groups.
+pub(super) struct Writer {
+    ids: Ids,
+}
+
+impl Writer {
+    /// The owner of staged file `m` (given the caller's ownership when it
+    /// was created) with the supplementary groups of that user.
+    fn of_staged(m: &std::fs::Metadata) -> io::Result<Writer> {
+        Ok(Writer {
+            ids: Ids {
+                uid: m.uid(),
+                gid: m.gid(),
+                groups: groups_of(m.uid(), m.gid())?,
+            },
+        })
+    }
+}
+
+/// The supplementary groups of user `uid` (primary group `gid`) from the
+/// user database; only `gid` for a uid it does not know.
+fn groups_of(uid: u32, gid: u32) -> io::Result<Vec<u32>> {
+    let Some(user) = nix_user_name(uid)? else {
+        return Ok(vec![gid]);
+    };
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        let mut got = n;
+        // SAFETY: `user` is a C string; `groups` has room for `got` gids.
+        let rc = unsafe { libc::getgrouplist(user.as_ptr(), gid, groups.as_mut_ptr(), &mut got) };
+        if rc >= 0 {
+            groups.truncate(got.max(0) as usize);
+            return Ok(groups);
+        }
+        if got <= n || got > 1 << 16 {
+            return Err(io::Error::other(format!(
+                "the groups of uid {uid} cannot be read"
+            )));
+        }
+        n = got;
+    }
+}
+
+/// The name of user `uid`, if the user database knows it.
+fn nix_user_name(uid: u32) -> io::Result<Option<std::ffi::CString>> {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    loop {
+        // SAFETY: a zeroed passwd is a valid out-parameter.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the lengths given.
+        let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        if out.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: getpwuid_r succeeded: `pw_name` points into `buf`.
+        return Ok(Some(
+            unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }.to_owned(),
+        ));
+    }
+}
+
 impl CheckpointFs {
+    /// Why STORE file `base` may not be the base of a file `writer` wrote
+    /// (see the module doc); None when it may.
+    pub(super) fn base_refused(&self, writer: &Writer, base: &Path) -> Option<String> {
+        let m = match self.store.lstat(base) {
+            Ok(m) => m,
+            Err(e) => return Some(e.to_string()),
+        };
+        if m.uid() != writer.ids.uid && m.uid() != 0 {
+            return Some(format!(
+                "owned by uid {}, neither the writer (uid {}) nor root",
+                m.uid(),
+                writer.ids.uid
+            ));
+        }
+        // Opened as the writer: the kernel checks the file and every
+        // directory on the way against the writer's uid and groups. (A
+        // daemon that is not root acts as itself: every file it can open
+        // is its owner's.)
+        let _as = on_behalf(writer.ids.clone());
+        match self.store.open_file(base, libc::O_RDONLY, 0) {
+            Ok(_) => None,
+            Err(e) => Some(format!("not readable by uid {}: {e}", writer.ids.uid)),
+        }
+    }
+
     /// The committed backing file presenting STORE path `presented`.
     fn committed_backing(&self, presented: &Path) -> Option<PathBuf> {
         let name = presented.file_name()?;
@@ -92,7 +198,13 @@ impl CheckpointFs {
 
     /// The candidate base of staged `target` (spool entry `id`): its
     /// STORE backing path (see the module doc).
-    fn delta_candidate(&self, id: u64, target: &Path, header: &Header) -> Option<PathBuf> {
+    fn delta_candidate(
+        &self,
+        id: u64,
+        target: &Path,
+        header: &Header,
+        writer: &Writer,
+    ) -> Option<PathBuf> {
         let name = target.file_name()?;
         let dir = parent(target);
         // The target's own current version is never its base.
@@ -111,7 +223,13 @@ impl CheckpointFs {
                 .and_then(|p| self.committed_backing(&p))
                 .filter(|p| !own(p));
             match found {
-                Some(p) => return Some(p),
+                Some(p) => match self.base_refused(writer, &p) {
+                    None => return Some(p),
+                    Some(why) => log::warn!(
+                        "{}: {XATTR_BASE} {rel:?} is not a base this file may have ({why}); looking for another base",
+                        target.display()
+                    ),
+                },
                 None => log::warn!(
                     "{}: {XATTR_BASE} {rel:?} names no committed file; looking for another base",
                     target.display()
@@ -132,6 +250,9 @@ impl CheckpointFs {
                 let Some(b) = self.committed_backing(&up.join(&s).join(name)) else {
                     continue;
                 };
+                if self.base_refused(writer, &b).is_some() {
+                    continue;
+                }
                 let Ok(m) = self.store.lstat(&b) else {
                     continue;
                 };
@@ -162,6 +283,9 @@ impl CheckpointFs {
                 break;
             }
             let rel = dir.join(&n);
+            if self.base_refused(writer, &rel).is_some() {
+                continue;
+            }
             if self
                 .presented_header(&rel)
                 .is_some_and(|h| tensor_set(&h) == want)
@@ -187,7 +311,14 @@ impl CheckpointFs {
             return None;
         }
         let (header, _) = safetensors::split_file(bytes).ok()?;
-        let mut base = self.delta_candidate(id, target, &header)?;
+        let writer = match Writer::of_staged(&self.store.lstat(&Spool::data_rel(id)).ok()?) {
+            Ok(w) => w,
+            Err(e) => {
+                log::warn!("{}: not stored as a delta: {e}", target.display());
+                return None;
+            }
+        };
+        let mut base = self.delta_candidate(id, target, &header, &writer)?;
         let r = (|| -> io::Result<Option<PackedDelta>> {
             // A delta at the chain limit: its own base instead.
             let (a, depth) = loop {
@@ -211,6 +342,15 @@ impl CheckpointFs {
                     .to_path_buf();
             };
             if a.files() != 1 || !a.file_path(0).is_empty() {
+                return Ok(None);
+            }
+            if let Some(why) = self.base_refused(&writer, &base) {
+                // The base a chain at its limit re-bases to.
+                log::info!(
+                    "{}: not stored as a delta against {}: {why}",
+                    target.display(),
+                    base.display()
+                );
                 return Ok(None);
             }
             let m = self.store.lstat(&base)?;

@@ -63,18 +63,30 @@ impl CheckpointFs {
                 }
             }
         }
-        let rel = self.rel(&inode)?;
-        if a.uid.is_some() || a.gid.is_some() {
-            let uid = a.uid.unwrap_or(u32::MAX);
-            let gid = a.gid.unwrap_or(u32::MAX);
-            self.store.lchown(&rel, uid, gid)?;
-        }
-        if let Some(mode) = a.mode {
-            self.store.chmod(&rel, mode & 0o7777)?;
-        }
-        if a.atime.is_some() || a.mtime.is_some() {
-            self.store
-                .utimens(&rel, &[timespec(a.atime), timespec(a.mtime)])?;
+        if a.uid.is_some()
+            || a.gid.is_some()
+            || a.mode.is_some()
+            || a.atime.is_some()
+            || a.mtime.is_some()
+        {
+            // Under `ns`: a commit moving the staged file to its archive
+            // either ran before (the change goes to the archive) or runs
+            // after (it copies the staged file's new attributes), never in
+            // between.
+            let _g = self.ns.lock();
+            let rel = self.rel(&inode)?;
+            if a.uid.is_some() || a.gid.is_some() {
+                let uid = a.uid.unwrap_or(u32::MAX);
+                let gid = a.gid.unwrap_or(u32::MAX);
+                self.store.lchown(&rel, uid, gid)?;
+            }
+            if let Some(mode) = a.mode {
+                self.store.chmod(&rel, mode & 0o7777)?;
+            }
+            if a.atime.is_some() || a.mtime.is_some() {
+                self.store
+                    .utimens(&rel, &[timespec(a.atime), timespec(a.mtime)])?;
+            }
         }
         self.getattr_fh(ino, fh)
     }
