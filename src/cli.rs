@@ -266,7 +266,7 @@ pub struct ExportArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
-    /// The store directory (archives and any other files), or an S3 store s3://BUCKET/PREFIX (read-only).
+    /// The store directory (archives and any other files), or an S3 store s3://BUCKET/PREFIX (writable too: files written are uploaded after close).
     pub store: PathBuf,
     /// Where to present it.
     pub mountpoint: PathBuf,
@@ -311,9 +311,12 @@ pub struct MountArgs {
     /// S3 stores: seconds between listings of the bucket (new, replaced and removed objects show up within this time).
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub metadata_ttl: f64,
-    /// S3 stores: seconds before a request to the server is given up (retried 3 times with backoff, then the read fails with EIO).
+    /// S3 stores: seconds before a request to the server is given up (retried 3 times with backoff).
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub request_timeout: f64,
+    /// S3 stores: the most seconds a read (or open, lookup, directory listing) waits for the server in all, whatever the retries; then it fails with EIO (default: 5 × --request-timeout).
+    #[arg(long, value_name = "SECS")]
+    pub read_timeout: Option<f64>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -16,6 +16,10 @@
 //!   CAP_SYS_ADMIN; if it fails once, passthrough is switched off for the
 //!   mount and plain files are served by `pread` in `CheckpointFs`.
 //!
+//! The handlers that may wait for an `s3://` store's server (lookup,
+//! getattr, open, read, readdir) open the request's deadline first
+//! (`store::deadline`, `--read-timeout`).
+//!
 //! Archives are opened with `FOPEN_KEEP_CACHE` when the same archive version
 //! was opened before, so warm re-reads come from the page cache; never with
 //! `FOPEN_DIRECT_IO`, so `mmap` works. `O_DIRECT` opens need nothing: the
@@ -234,6 +238,7 @@ impl Filesystem for CheckpointFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
+        let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.lookup(parent.0, name) {
             Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -246,6 +251,7 @@ impl Filesystem for CheckpointFuse {
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
+        let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.getattr_fh(ino.0, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&self.fs.attr_ttl(ino.0), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -262,6 +268,7 @@ impl Filesystem for CheckpointFuse {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
+        let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.open(ino.0, flags.0) {
             Ok(o) => {
                 let (fh, f, backing) = self.open_reply(ino.0, o, |file| reply.open_backing(file));
@@ -504,6 +511,7 @@ impl Filesystem for CheckpointFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.read_data(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -582,6 +590,7 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyDirectory,
     ) {
         let mut out = FuseDir(reply);
+        let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.readdir(fh.0, offset, &mut out) {
             Ok(()) => out.0.ok(),
             Err(e) => out.0.error(errno(&e)),

@@ -372,6 +372,42 @@ fn the_server_out_of_reach_gives_eio_and_the_mount_recovers() {
     read_all_identical(&f);
 }
 
+/// With the server frozen (SIGSTOP: connections accepted, nothing
+/// answered), each read ends with EIO by its `--read-timeout`, however
+/// many fetches and retries it would need (each request may wait
+/// `--request-timeout`, 20 s here: before, one read waited 2-3 fetches of
+/// up to 5 x 20 s each). The log says the read timeout passed, naming the
+/// object; once the server answers again the same reads succeed.
+#[test]
+fn a_read_during_an_outage_ends_by_the_read_timeout() {
+    let f = fixture(
+        "frozen",
+        &["--request-timeout", "20", "--read-timeout", "3"],
+    );
+    f.server.pause();
+    // Two files none of whose bytes were fetched.
+    let t0 = std::time::Instant::now();
+    let e = std::fs::read(f.m.path("packed_bf16_dense.safetensors")).unwrap_err();
+    let first = t0.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let t1 = std::time::Instant::now();
+    let e = std::fs::read(f.m.path("packed_fp32_dense.safetensors")).unwrap_err();
+    let second = t1.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    f.server.resume();
+    // A bound far above the deadline (3 s), only to catch waits of
+    // several requests (each up to 20 s), not a timing measurement.
+    let bound = std::time::Duration::from_secs(3 + 30);
+    assert!(first < bound && second < bound, "{first:?} {second:?}");
+    let log = f.m.log_text();
+    assert!(
+        log.contains("read timeout (3 s, --read-timeout)")
+            && log.contains("s3://frozen/models/packed_fp32_dense.safetensors.zstn"),
+        "the log should say the read timeout passed, naming the object: {log}"
+    );
+    read_all_identical(&f);
+}
+
 #[test]
 fn a_replaced_object_is_a_new_version_and_open_handles_keep_the_old() {
     let f = fixture("versions", &["--metadata-ttl", "0.5"]);

@@ -359,3 +359,155 @@ fn a_writable_mount_is_refused_where_conditional_writes_are_ignored() {
     let r = mount(&server, url, &tmp.path().join("r"), &["--read-only"]);
     assert_eq!(std::fs::read(r.path("README.md")).unwrap(), b"a store\n");
 }
+
+/// Mount options with a request timeout that a 16 MiB part through moto
+/// fits in.
+fn big_args(server: &S3Server, cache: &Path) -> Vec<String> {
+    let mut a = args(server, cache, &[]);
+    let i = a.iter().position(|x| x == "--request-timeout").unwrap();
+    a[i + 1] = "30".into();
+    a
+}
+
+/// A 300 MiB checkpoint written into the mount is compressed and uploaded
+/// in parts (before: the upload panicked, "there is no reactor running",
+/// and killed the write-back thread). The daemon is killed (`kill -9`)
+/// while the multipart upload is in flight: the next mount aborts the
+/// interrupted upload, uploads the file again from the spool, and it reads
+/// back byte-identical; no incomplete upload is left on the server.
+#[test]
+fn a_300_mib_checkpoint_is_uploaded_in_parts_and_survives_a_kill_during_the_upload() {
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    bucket(&server, "bigw", tmp.path());
+    let src = tmp.path().join("src.safetensors");
+    common::s3::write_big_safetensors(&src, 300, 77);
+    let cache = tmp.path().join("cache");
+    let a = big_args(&server, &cache);
+    let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    let mut m = Mount::of_store_arg(|_| {}, "s3://bigw/models", &a);
+    std::fs::copy(&src, m.path("model.safetensors")).unwrap();
+    // The upload has started (its id is in the journal) when this is
+    // logged; the parts follow.
+    wait_for(120, "the multipart upload to start", || {
+        m.log_text()
+            .contains("s3://bigw/models/model.zstn: uploading")
+    });
+    m.kill9();
+    let left = server.uploads("bigw");
+    assert!(
+        !has(&server, "bigw", "models/model.zstn"),
+        "the kill came before the upload completed"
+    );
+    assert_eq!(left.len(), 1, "the interrupted upload: {left:?}");
+    m.remount(&a);
+    wait_for(120, "the recovered upload", || {
+        spool_of(&cache).is_empty() && has(&server, "bigw", "models/model.zstn")
+    });
+    let log = m.log_text();
+    assert!(
+        log.contains(&format!(
+            "aborted the upload {} a crash interrupted",
+            left[0].1
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(server.uploads("bigw").is_empty(), "no upload left behind");
+    let size = server
+        .list("bigw", "models/model.zstn")
+        .first()
+        .map(|x| x.1)
+        .unwrap();
+    assert!(size > 64 << 20, "uploaded in parts: {size}");
+    assert!(
+        common::s3::same_file(&src, &m.path("model.safetensors")),
+        "the file reads back identical"
+    );
+    // And as another client sees the object.
+    let got = tmp.path().join("got.zstn");
+    server.get("bigw", "models/model.zstn", &got);
+    let back = tmp.path().join("back.safetensors");
+    let o = Command::new(bin())
+        .arg("unpack")
+        .arg(&got)
+        .arg("-o")
+        .arg(&back)
+        .output()
+        .unwrap();
+    ok(o);
+    assert!(common::s3::same_file(&src, &back));
+}
+
+/// Uploads that fail (the server answers 503) are retried with back-off
+/// while the mount runs, never panic, and leave no incomplete multipart
+/// upload; `umount` then exits 1 naming each file not uploaded by its URL
+/// (so does the daemon), and the files stay staged. The next mount
+/// retries them (failing again, still without a panic) until the server
+/// takes them.
+#[test]
+fn a_failed_upload_is_retried_reported_at_umount_and_never_dropped() {
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    bucket(&server, "failw", tmp.path());
+    let cache = tmp.path().join("cache");
+    let a = big_args(&server, &cache);
+    let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    let mut m = Mount::of_store_arg(|_| {}, "s3://failw/models", &a);
+    server.fail_uploads(true);
+    let mut rng = common::Rng(3);
+    let big: Vec<u8> = (0..(70u64 << 20) / 8)
+        .flat_map(|_| rng.next().to_le_bytes())
+        .collect();
+    std::fs::write(m.path("big.bin"), &big).unwrap();
+    std::fs::write(m.path("notes.txt"), b"notes\n").unwrap();
+    let failures = |m: &Mount| m.log_text().matches("big.bin: upload failed").count();
+    wait_for(60, "a retried upload", || failures(&m) >= 2);
+    assert!(
+        server.uploads("failw").is_empty(),
+        "failed uploads are aborted"
+    );
+    // Served from the staged copy meanwhile.
+    assert!(std::fs::read(m.path("big.bin")).unwrap() == big);
+
+    let o = Command::new(bin())
+        .arg("umount")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("not uploaded: s3://failw/models/big.bin: upload failed")
+            && e.contains("not uploaded: s3://failw/models/notes.txt"),
+        "{e}"
+    );
+    assert!(e.contains("2 file(s) were not uploaded"), "{e}");
+    let st = m.child.take().unwrap().wait().unwrap();
+    assert_eq!(st.code(), Some(1), "the daemon's exit: {}", m.log_text());
+    assert!(spool_of(&cache).len() >= 2, "both files stay staged");
+    assert!(!m.log_text().contains("panicked"), "{}", m.log_text());
+
+    // The next mount's recovery fails again: no panic, retried.
+    let before = failures(&m);
+    m.remount(&a);
+    wait_for(60, "a failed recovered upload", || failures(&m) > before);
+    assert!(!m.log_text().contains("panicked"), "{}", m.log_text());
+    server.fail_uploads(false);
+    wait_for(120, "the uploads once the server takes them", || {
+        spool_of(&cache).is_empty()
+            && has(&server, "failw", "models/big.bin")
+            && has(&server, "failw", "models/notes.txt")
+    });
+    let got = tmp.path().join("big.bin");
+    server.get("failw", "models/big.bin", &got);
+    assert!(std::fs::read(&got).unwrap() == big);
+    assert!(server.uploads("failw").is_empty());
+    let o = Command::new(bin())
+        .arg("umount")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(m.child.take().unwrap().wait().unwrap().code(), Some(0));
+}

@@ -498,3 +498,118 @@ fn get_ranges_streams_each_part_to_its_offset_and_checks_it() {
     let e = read(by_time).unwrap_err();
     assert!(e.to_string().contains("changed on the server"), "{e}");
 }
+
+/// A checkpoint of 300 MiB (every real one is over 64 MiB: uploaded in
+/// parts) goes into a bucket with `pack -o s3://` and comes back
+/// byte-identical with `unpack`; no incomplete upload is left. (Before:
+/// exit 101, "there is no reactor running", from the upload.)
+#[test]
+fn pack_of_a_300_mib_checkpoint_uploads_in_parts_and_unpacks_identical() {
+    let server = S3Server::start();
+    server.put("big", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("model.safetensors");
+    common::s3::write_big_safetensors(&src, 300, 41);
+    let o = run(
+        &server,
+        &[
+            "pack",
+            src.to_str().unwrap(),
+            "-o",
+            "s3://big/ckpt/model.zstn",
+        ],
+        dir.path(),
+    );
+    ok(&o);
+    let listed = server.list("big", "ckpt/");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0, "ckpt/model.zstn");
+    assert!(listed[0].1 > 64 << 20, "uploaded in parts: {listed:?}");
+    assert!(server.uploads("big").is_empty(), "no upload left behind");
+    let out = dir.path().join("back.safetensors");
+    ok(&run(
+        &server,
+        &[
+            "unpack",
+            "s3://big/ckpt/model.zstn",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    ));
+    assert!(common::s3::same_file(&src, &out), "the bytes come back");
+}
+
+/// Errors and reports about an object name its URL, never the temporary
+/// copy the command works on; a failed upload is one line naming the URL
+/// and leaves no incomplete upload.
+#[test]
+fn messages_about_objects_name_their_urls() {
+    let mut server = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, vec![7u8; 5000]).unwrap();
+    server.put("names", &[("m/junk.zstn".to_string(), junk.as_path())]);
+    for cmd in ["info", "verify", "unpack"] {
+        let o = run(&server, &[cmd, "s3://names/m/junk.zstn"], dir.path());
+        assert_eq!(o.status.code(), Some(1), "{cmd}");
+        // (`verify` reports on stdout, the others on stderr.)
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert!(all.contains("s3://names/m/junk.zstn"), "{cmd}: {all}");
+        assert!(!all.contains("ckptfs-s3-"), "{cmd}: {all}");
+        assert_eq!(all.trim().lines().count(), 1, "{cmd}: {all}");
+    }
+    // A valid archive: what `info` and `verify` print names the URL too.
+    let model = dir.path().join("bf16_dense.safetensors");
+    std::fs::copy(vectors_dir().join("bf16_dense.safetensors"), &model).unwrap();
+    ok(&run(
+        &server,
+        &[
+            "pack",
+            model.to_str().unwrap(),
+            "-o",
+            "s3://names/m/ok.zstn",
+        ],
+        dir.path(),
+    ));
+    for cmd in ["info", "verify"] {
+        let o = run(&server, &[cmd, "s3://names/m/ok.zstn"], dir.path());
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        ok(&o);
+        assert!(!all.contains("ckptfs-s3-"), "{cmd}: {all}");
+    }
+    // An upload that fails: one line naming the object's URL, exit 1, and
+    // no incomplete multipart upload left on the server.
+    let big = dir.path().join("big.safetensors");
+    common::s3::write_big_safetensors(&big, 80, 5);
+    server.fail_uploads(true);
+    let o = run(
+        &server,
+        &["pack", big.to_str().unwrap(), "-o", "s3://names/m/big.zstn"],
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    // The packing report, then the error.
+    let lines: Vec<&str> = e.trim().lines().collect();
+    assert_eq!(lines.len(), 2, "{e}");
+    assert!(lines[0].contains("-> s3://names/m/big.zstn: "), "{e}");
+    assert!(lines[1].starts_with("ckptfs: s3://names/m/big.zstn"), "{e}");
+    assert!(!e.contains("ckptfs-s3-") && !e.contains("panicked"), "{e}");
+    assert!(server.uploads("names").is_empty(), "the upload was aborted");
+    server.fail_uploads(false);
+    // Without the server at all: still the URL.
+    server.stop_proxy();
+    let o = run(&server, &["info", "s3://names/m/ok.zstn"], dir.path());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(e.contains("s3://names/m/ok.zstn"), "{e}");
+}

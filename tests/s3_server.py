@@ -7,6 +7,7 @@ of it that the tests stop and start to cut the network.
     python s3_server.py put ENDPOINT BUCKET [KEY=PATH ...]   # (boto3)
     python s3_server.py get ENDPOINT BUCKET [KEY=PATH ...]   # (boto3)
     python s3_server.py list ENDPOINT BUCKET PREFIX   # one "KEY SIZE" a line
+    python s3_server.py uploads ENDPOINT BUCKET   # multipart uploads in progress: "KEY ID"
 
 /__stats answers {"gets": n, "get_bytes": n, "ranges": ["bytes=a-b", ...],
 "keys": {key: bytes}, "log": [[start, seconds, bytes], ...]} for the object
@@ -14,6 +15,10 @@ GETs since the last /__reset (start and seconds: when each began, on the
 server's monotonic clock, and how long it took to answer). GET
 /__mode?like_s3s_fs=1 makes it behave as s3s-fs 0.14 does: conditional
 headers ignored, listings without ETags (`like_s3s_fs=0` undoes it).
+GET /__mode?fail_uploads=1 answers 503 to every upload (PUT of an object or
+a part, completion of a multipart upload) but the writer lock's, while the
+creation and abort of a multipart upload still work (`fail_uploads=0`
+undoes it).
 """
 
 import json
@@ -31,7 +36,7 @@ def serve(port):
     stats = {"gets": 0, "get_bytes": 0, "ranges": [], "keys": {}, "log": []}
     # /__mode?like_s3s_fs=1: behave as s3s-fs 0.14 does, ignoring
     # conditional headers and listing objects without ETags.
-    mode = {"like_s3s_fs": False}
+    mode = {"like_s3s_fs": False, "fail_uploads": False}
     conditions = ("HTTP_IF_MATCH", "HTTP_IF_NONE_MATCH", "HTTP_IF_UNMODIFIED_SINCE")
 
     def counting(environ, start_response):
@@ -48,9 +53,28 @@ def serve(port):
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         if path == "/__mode":
-            mode["like_s3s_fs"] = "like_s3s_fs=1" in environ.get("QUERY_STRING", "")
+            q = environ.get("QUERY_STRING", "")
+            if "like_s3s_fs" in q:
+                mode["like_s3s_fs"] = "like_s3s_fs=1" in q
+            if "fail_uploads" in q:
+                mode["fail_uploads"] = "fail_uploads=1" in q
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
+        method = environ["REQUEST_METHOD"]
+        query = environ.get("QUERY_STRING", "")
+        if mode["fail_uploads"] and not path.endswith(".ckptfs-writer.lock") and (
+            method == "PUT" or (method == "POST" and "uploadId" in query)
+        ):
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            stream = environ["wsgi.input"]
+            while length > 0:
+                got = stream.read(min(length, 1 << 20))
+                if not got:
+                    break
+                length -= len(got)
+            body = b"<Error><Code>SlowDown</Code><Message>failing uploads</Message></Error>"
+            start_response("503 Service Unavailable", [("Content-Length", str(len(body)))])
+            return [body]
         if mode["like_s3s_fs"]:
             for h in conditions:
                 environ.pop(h, None)
@@ -154,11 +178,19 @@ def list_keys(endpoint, bucket, prefix):
             print(o["Key"], o["Size"])
 
 
+def uploads(endpoint, bucket):
+    s3 = client(endpoint)
+    for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        print(u["Key"], u["UploadId"])
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "put":
         put(sys.argv[2], sys.argv[3], sys.argv[4:])
     elif sys.argv[1] == "get":
         get(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "uploads":
+        uploads(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "list":
         list_keys(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "server":

@@ -14,6 +14,11 @@
 //!   mounted and removed when the daemon exits: `ckptfs umount` reads it to
 //!   wait until the daemon has finished its work (pending compressions
 //!   included) and exited.
+//! - the *outcome file* beside it (`mount-NAME.outcome`): written by a
+//!   daemon that exits with files not uploaded (an `s3://` store), its pid
+//!   on the first line and one line per file after; `ckptfs umount` prints
+//!   them and exits 1. A daemon that starts, or exits with nothing left,
+//!   removes it.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -101,6 +106,44 @@ impl Drop for PidFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Where the daemon serving `mountpoint` leaves what it could not finish.
+pub fn outcome_path(mountpoint: &Path) -> PathBuf {
+    super::mount::log_path(mountpoint).with_extension("outcome")
+}
+
+/// Records, for `ckptfs umount`, the lines `left` (what this daemon could
+/// not finish); none: removes the record.
+pub fn write_outcome(mountpoint: &Path, left: &[String]) -> std::io::Result<()> {
+    let path = outcome_path(mountpoint);
+    if left.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    crate::fsutil::write_atomic(&path, true, |w| {
+        writeln!(w, "{}", std::process::id())?;
+        for l in left {
+            writeln!(w, "{}", l.replace('\n', " "))?;
+        }
+        Ok(())
+    })
+}
+
+/// The lines daemon `pid` recorded at its exit, if it recorded any (the
+/// record is then removed).
+pub fn take_outcome(mountpoint: &Path, pid: u32) -> Option<Vec<String>> {
+    let path = outcome_path(mountpoint);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let mut lines = text.lines();
+    if lines.next()?.trim().parse::<u32>().ok()? != pid {
+        return None;
+    }
+    let left: Vec<String> = lines.map(str::to_string).collect();
+    let _ = std::fs::remove_file(&path);
+    Some(left)
 }
 
 /// The pid of the ckptfs daemon serving `mountpoint`, if it runs.

@@ -95,7 +95,7 @@ pub fn checksum_kind(a: &ZstnArchive) -> &'static str {
 
 pub fn archive_info(a: &ZstnArchive) -> crate::archive::Result<FileInfo> {
     let mut info = FileInfo {
-        file: a.path().display().to_string(),
+        file: super::s3::shown(a.path()),
         format: "ZSTN v3",
         tensors: 0,
         raw_bytes: a.len(),
@@ -210,7 +210,7 @@ fn frame_info(path: &std::path::Path, bytes: &[u8]) -> Result<FileInfo> {
     let raw = f.decoded_len();
     let (frame, methods) = frame_desc(&f);
     let mut info = FileInfo {
-        file: path.display().to_string(),
+        file: super::s3::shown(path),
         format: "z4ai frame",
         tensors: 1,
         raw_bytes: raw,
@@ -301,20 +301,23 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
             match super::z4delta::info(path, kind, a.base.as_deref(), a.json) {
                 Ok(v) => blazex_json.push(v),
                 Err(e) => {
-                    eprintln!("ckptfs: {}", super::one_line(&*e));
+                    eprintln!("ckptfs: {}", super::s3::named(&super::one_line(&*e)));
                     failed = true;
                 }
             }
             continue;
         }
         if a.base.is_some() {
-            eprintln!("ckptfs: {}", super::z4delta::base_not_applicable(path));
+            eprintln!(
+                "ckptfs: {}",
+                super::s3::named(&super::z4delta::base_not_applicable(path).to_string())
+            );
             failed = true;
             continue;
         }
         if super::blz::is_blz(path) {
             if let Err(e) = super::blz::info(path, a.json) {
-                eprintln!("ckptfs: {}", super::one_line(&*e));
+                eprintln!("ckptfs: {}", super::s3::named(&super::one_line(&*e)));
                 failed = true;
             }
             continue;
@@ -334,7 +337,7 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                 if let Some(d) = any.downcast_ref::<crate::archive::DeltaArchive>() {
                     let (c, dl, f) = d.counts();
                     let v = serde_json::json!({
-                        "file": path.display().to_string(),
+                        "file": super::s3::shown(path),
                         "format": "ckptfs-delta-v1",
                         "base": d.base_rel(),
                         "chain_depth": d.depth(),
@@ -347,7 +350,7 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                     } else {
                         println!(
                             "{}: ckptfs delta (chain depth {}) against {}: {} COPY, {dl} DELTA, {f} FULL tensors, {} -> {} bytes, ratio {:.4}",
-                            path.display(),
+                            super::s3::shown(path),
                             d.depth(),
                             d.base_rel(),
                             c,
@@ -360,7 +363,10 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                 }
                 match any.downcast_ref() {
                     Some(z) => archive_info(z).map_err(|e| e.into()),
-                    None => Err(anyhow::anyhow!("{}: not a ZSTN archive", path.display())),
+                    None => Err(anyhow::anyhow!(
+                        "{}: not a ZSTN archive",
+                        super::s3::shown(path)
+                    )),
                 }
             }
             Ok(Input::Frame(map)) => frame_info(path, &map),
@@ -385,7 +391,7 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                         );
                     }
                 }
-                eprintln!("ckptfs: {}", super::one_line(&*e));
+                eprintln!("ckptfs: {}", super::s3::named(&super::one_line(&*e)));
                 failed = true;
             }
         }
@@ -427,7 +433,7 @@ fn print_mounted(path: &std::path::Path, json: bool) {
     })
     .collect();
     if json {
-        let v = serde_json::json!({ "file": path.display().to_string(), "xattrs": attrs });
+        let v = serde_json::json!({ "file": super::s3::shown(path), "xattrs": attrs });
         println!("{v}");
         return;
     }

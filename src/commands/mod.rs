@@ -52,6 +52,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     pool.build_global()
         .context("cannot start the worker threads")?;
     let g = Global { quiet: cli.quiet };
+    // Messages about `s3://` objects name their URLs, not the local copies
+    // the commands work on.
+    run_command(g, cli).map_err(s3::named_error)
+}
+
+fn run_command(g: Global, cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Pack(mut a) => match s3::upload_target(a.output.as_deref())? {
             Some(up) => {
@@ -63,7 +69,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             None => pack::run(g, a),
         },
         Command::Unpack(mut a) => {
-            let remote = a.input.clone();
             let mut files = [a.input.clone()];
             let _tmp = s3::localize(&mut files)?;
             if _tmp.is_some() && a.output.is_none() {
@@ -76,13 +81,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 });
             }
             a.input = files[0].clone();
-            let r = unpack::run(g, a);
-            // Errors name the local file: the object's name for a download,
-            // nothing more for a local input (it is named already).
-            match _tmp {
-                Some(_) => r.with_context(|| remote.display().to_string()),
-                None => r,
-            }
+            // Errors name the object's URL (`s3::named_error`).
+            unpack::run(g, a)
         }
         Command::Info(mut a) => {
             let _tmp = s3::localize(&mut a.files)?;

@@ -10,7 +10,10 @@
 //! In the foreground the process mounts with fuser (multi-threaded, one
 //! cloned `/dev/fuse` fd per thread), raises the connection's readahead,
 //! and serves until unmounted. SIGINT/SIGTERM/SIGHUP unmount it (lazily if
-//! files are still open) and the process exits 0.
+//! files are still open) and the process exits 0, or 1 when files written
+//! to an `s3://` store could not be uploaded (they stay staged): the
+//! daemon then records them for `ckptfs umount`, which prints them and
+//! exits 1 (`daemon_state`).
 
 use super::daemon_state::{self, daemon_pid, PidFile, WriterLock};
 use super::{Global, Result};
@@ -257,6 +260,9 @@ pub(super) fn background(
         .arg(a.metadata_ttl.to_string())
         .arg("--request-timeout")
         .arg(a.request_timeout.to_string());
+    if let Some(t) = a.read_timeout {
+        cmd.arg("--read-timeout").arg(t.to_string());
+    }
     cmd.stdin(std::process::Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -464,6 +470,9 @@ pub(super) fn foreground(
     // function returns: after the last compression.
     let _pid_file = PidFile::create(&mountpoint)
         .with_context(|| format!("{}: pid file", mountpoint.display()))?;
+    if let Err(e) = daemon_state::write_outcome(&mountpoint, &[]) {
+        log::warn!("{}: {e}", daemon_state::outcome_path(&mountpoint).display());
+    }
     let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
         .with_context(|| format!("{}: cannot mount", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
@@ -508,9 +517,22 @@ pub(super) fn foreground(
         fs.requeue_all();
         fs.run_writeback();
     }
+    // Uploads that failed even now stay staged (the next mount uploads
+    // them): said in the log, to `ckptfs umount`, and by the exit code.
+    let left = fs.not_uploaded();
+    for l in &left {
+        log::error!("not uploaded, kept staged for the next mount: {l}");
+    }
+    if let Err(e) = daemon_state::write_outcome(&mountpoint, &left) {
+        log::error!("{}: {e}", daemon_state::outcome_path(&mountpoint).display());
+    }
     log::info!("unmounted {}", mountpoint.display());
     let _ = std::io::stderr().flush();
-    Ok(ExitCode::SUCCESS)
+    Ok(if left.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// The daemon's logger: env_logger, without fuser's error for a reply to a
@@ -565,6 +587,18 @@ pub fn umount(g: Global, a: UmountArgs) -> Result<ExitCode> {
              (compressing staged files; see its log {})",
             mp.display(),
             a.timeout.unwrap_or_default(),
+            log_path(&mp).display()
+        );
+    }
+    if let Some(left) = daemon_state::take_outcome(&mp, pid).filter(|l| !l.is_empty()) {
+        for l in &left {
+            eprintln!("ckptfs: not uploaded: {l}");
+        }
+        anyhow::bail!(
+            "{}: unmounted, but {} file(s) were not uploaded; they stay staged in the \
+             cache directory and the next mount of the store uploads them (log: {})",
+            mp.display(),
+            left.len(),
             log_path(&mp).display()
         );
     }

@@ -8,8 +8,12 @@
 //! in the spool under the cache directory (`mirror/.ckptfs-spool`) and
 //! uploaded after their last close (`.safetensors` compressed to `.zstn`
 //! first); a staged file left by a crash is uploaded by the next mount
-//! with the same cache directory. One writable daemon per prefix
-//! (`store::lease`).
+//! with the same cache directory, after it aborted the multipart uploads
+//! the crash interrupted (recorded in `DIR/uploads`). One writable daemon
+//! per prefix (`store::lease`).
+//!
+//! `--read-timeout` bounds each request's waits for the server in all
+//! (`store::deadline`).
 //!
 //! The cache directory holds at most `--disk-cache-size` bytes
 //! (`store::budget`); the limit given is saved there for later mounts.
@@ -69,6 +73,10 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         );
     }
     let opts = options(a.endpoint_url.clone(), a.request_timeout)?;
+    let read_timeout = a.read_timeout.unwrap_or(a.request_timeout * 5.0);
+    if !(read_timeout.is_finite() && read_timeout > 0.0) {
+        anyhow::bail!("--read-timeout {read_timeout}: must be a positive number of seconds");
+    }
     let mountpoint = a
         .mountpoint
         .canonicalize()
@@ -84,6 +92,7 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         return background(&a, &mountpoint, threads);
     }
     init_logger(a.log_level.clone());
+    crate::store::deadline::set_read_timeout(Duration::from_secs_f64(read_timeout));
     let cache_dir = a
         .cache_dir
         .clone()
@@ -103,7 +112,16 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
             cache_dir.display()
         );
     }
-    let client = Arc::new(S3Client::new(url.clone(), &opts).with_context(|| url.to_string())?);
+    let mut client = S3Client::new(url.clone(), &opts).with_context(|| url.to_string())?;
+    if !a.read_only {
+        // Multipart uploads in progress are recorded there: one a crash
+        // interrupted is aborted by the next writable mount.
+        let journal = cache_dir.join(UPLOADS_DIR);
+        client = client
+            .with_upload_journal(journal.clone())
+            .with_context(|| journal.display().to_string())?;
+    }
+    let client = Arc::new(client);
     // The single writer of the prefix, taken before the spool is recovered.
     let lease = if a.read_only {
         None
@@ -111,6 +129,13 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         let owner = owner_token(&cache_dir).with_context(|| cache_dir.display().to_string())?;
         let l = WriterLease::acquire(client.clone(), &owner).map_err(anyhow::Error::msg)?;
         l.spawn_heartbeat()?;
+        // The writer's uploads that a crash interrupted (their files are
+        // still staged: uploaded again from the spool).
+        match client.abort_journaled_uploads() {
+            Ok(0) => {}
+            Ok(n) => log::info!("{url}: aborted {n} interrupted multipart upload(s)"),
+            Err(e) => log::warn!("{}: {e}", cache_dir.join(UPLOADS_DIR).display()),
+        }
         Some(l)
     };
     let budget = Budget::new(
@@ -151,6 +176,9 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
     drop(lock);
     r
 }
+
+/// Where the cache directory records multipart uploads in progress.
+const UPLOADS_DIR: &str = "uploads";
 
 /// The default disk cache limit: 32 GiB...
 const DEFAULT_DISK_BYTES: u64 = 32 << 30;
@@ -284,5 +312,8 @@ impl Sink for S3Sink {
     }
     fn fill(&self, _rel: &Path, local: &Path) -> io::Result<()> {
         crate::store::remote::fill_and_take(&std::fs::File::open(local)?)
+    }
+    fn describe(&self, rel: &Path) -> String {
+        self.0.client().url().display(&rel.to_string_lossy())
     }
 }

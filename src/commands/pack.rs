@@ -67,7 +67,7 @@ fn report(input: &Path, output: &Path, s: &PackStats, secs: f64) {
     eprintln!(
         "{} -> {}: {} tensors ({} unique), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
         input.display(),
-        output.display(),
+        super::s3::shown(output),
         s.tensors,
         s.unique,
         s.raw_bytes,
@@ -117,7 +117,7 @@ pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
         eprintln!(
             "{} -> {}: {} -> {} bytes, ratio {:.4}, {:.1} s",
             a.input.display(),
-            out.display(),
+            super::s3::shown(&out),
             raw,
             stored,
             raw as f64 / stored.max(1) as f64,

@@ -9,10 +9,43 @@
 use super::Result;
 use crate::store::s3::{S3Client, S3Options, S3Url};
 use anyhow::Context as _;
+use parking_lot::Mutex;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
+
+/// Local copies of objects (and local outputs to upload), each with the
+/// URL that messages must name instead.
+static SHOWN: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+fn register(local: &Path, url: String) {
+    SHOWN.lock().push((local.display().to_string(), url));
+}
+
+/// How messages name `path`: its URL when it is (or lies below) the local
+/// copy of an object, else the path itself.
+pub fn shown(path: &Path) -> String {
+    named(&path.display().to_string())
+}
+
+/// `text` with every local copy's path replaced by its URL.
+pub fn named(text: &str) -> String {
+    let mut t = text.to_string();
+    for (local, url) in SHOWN.lock().iter() {
+        t = t.replace(local.as_str(), url);
+    }
+    t
+}
+
+/// An error whose message names URLs instead of local copies (one line,
+/// as `main` prints it).
+pub fn named_error(e: anyhow::Error) -> anyhow::Error {
+    if SHOWN.lock().is_empty() {
+        return e;
+    }
+    anyhow::anyhow!(named(&super::one_line(&*e)))
+}
 
 fn client_for(url: &S3Url) -> Result<S3Client> {
     let root = S3Url {
@@ -46,7 +79,9 @@ pub fn localize(paths: &mut [PathBuf]) -> Result<Option<TempDir>> {
         let sub = d.path().join(i.to_string());
         std::fs::create_dir(&sub)?;
         let local = sub.join(name);
-        download(&url, &local)?;
+        let shown = format!("s3://{}/{}", url.bucket, url.prefix);
+        download(&url, &local).with_context(|| shown.clone())?;
+        register(&local, shown);
         *p = local;
     }
     Ok(dir)
@@ -94,6 +129,7 @@ pub fn upload_target(out: Option<&Path>) -> Result<Option<Upload>> {
         .filter(|n| !n.is_empty())
         .unwrap_or("store");
     let local = dir.path().join(name);
+    register(&local, format!("s3://{}/{}", url.bucket, url.prefix));
     Ok(Some(Upload {
         url,
         _dir: dir,

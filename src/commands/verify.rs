@@ -23,7 +23,7 @@ pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
             let (n, bad) = super::delta::verify_store(path)?;
             println!(
                 "{}: {n} delta relations checked, {bad} failed",
-                path.display()
+                super::s3::shown(path)
             );
             failed += bad;
             continue;
@@ -49,11 +49,11 @@ pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
             },
         };
         match r {
-            Ok(msg) => println!("OK    {}: {msg}", path.display()),
+            Ok(msg) => println!("OK    {}: {msg}", super::s3::shown(path)),
             Err(e) => {
                 failed += 1;
-                let e = super::one_line(&*e);
-                let shown = path.display().to_string();
+                let e = super::s3::named(&super::one_line(&*e));
+                let shown = super::s3::shown(path);
                 if e.starts_with(&shown) {
                     println!("FAIL  {e}");
                 } else {

@@ -468,6 +468,9 @@ impl CheckpointFs {
             let cache = self.cache.clone();
             let archive = h.archive.archive.clone();
             rayon::spawn(move || {
+                // A reader may wait for this decode: it ends by the read
+                // timeout of an `s3://` store too.
+                let _deadline = crate::store::deadline::Scope::begin();
                 if let Some(Err(FetchError::Load(e))) =
                     cache.load_if_absent(key, || archive.decode_block(k))
                 {

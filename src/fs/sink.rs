@@ -45,4 +45,8 @@ pub trait Sink: Send + Sync {
     /// for good: it is about to be moved out of STORE (into the spool), so
     /// no cache may free any of them after this.
     fn fill(&self, rel: &Path, local: &Path) -> io::Result<()>;
+    /// How messages name the remote copy of STORE path `rel` (a URL).
+    fn describe(&self, rel: &Path) -> String {
+        rel.display().to_string()
+    }
 }

@@ -11,6 +11,8 @@
 //!   `credential_process` command;
 //! - [`sts`]: credentials of a role assumed with STS `AssumeRole`;
 //! - [`sso`]: credentials from IAM Identity Center after `aws sso login`;
+//! - [`deadline`]: the one deadline of a mount request's waits for the
+//!   server (`--read-timeout`);
 //! - [`ranges`]: byte-range sets (pure);
 //! - [`remote`]: a sparse local copy of one object version, filled on
 //!   demand with ranged conditional GETs, and the registry through which
@@ -27,6 +29,7 @@ pub mod aws_config;
 pub mod budget;
 pub mod credential_process;
 pub mod credentials;
+pub mod deadline;
 pub mod lease;
 pub mod mirror;
 pub mod ranges;

@@ -355,8 +355,24 @@ impl RemoteFile {
                 let mine = Self::claim(&mut st, &missing, self.size);
                 if mine.is_empty() {
                     // Everything missing is being fetched by others: wait
-                    // for them (bounded: they give up within their deadline).
-                    self.cv.wait_for(&mut st, Duration::from_millis(500));
+                    // for them (bounded: they give up within their deadline,
+                    // and this thread's request by its own).
+                    let what = || match (missing.first(), missing.last()) {
+                        (Some(a), Some(z)) => {
+                            format!("{} bytes {}..{}", self.name(), a.start, z.end)
+                        }
+                        _ => self.name(),
+                    };
+                    let wait = match super::deadline::remaining("") {
+                        Ok(Some(left)) => left.min(Duration::from_millis(500)),
+                        Ok(None) => Duration::from_millis(500),
+                        Err(_) => {
+                            let e = super::deadline::expired(&what());
+                            log::warn!("{e}");
+                            return Err(e);
+                        }
+                    };
+                    self.cv.wait_for(&mut st, wait);
                     continue;
                 }
                 mine
@@ -473,6 +489,9 @@ impl RemoteFile {
         let spawned = std::thread::Builder::new()
             .name("ckptfs-s3-ahead".into())
             .spawn(move || {
+                // Readers may wait for this fetch: it ends by the read
+                // timeout too.
+                let _deadline = super::deadline::Scope::begin();
                 let _ = me.fetch_claimed(&mine, Kind::Block);
                 me.prefetching.fetch_sub(1, Ordering::AcqRel);
             });

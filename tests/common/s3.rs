@@ -134,6 +134,46 @@ impl S3Server {
         self.call("/__mode?like_s3s_fs=1");
     }
 
+    /// Makes the server answer 503 to every upload but the writer lock's
+    /// (`fail`), or work again.
+    pub fn fail_uploads(&self, fail: bool) {
+        self.call(&format!("/__mode?fail_uploads={}", fail as u8));
+    }
+
+    /// Freezes the server (SIGSTOP): connections are accepted, nothing is
+    /// answered, as in an outage that does not reset connections.
+    pub fn pause(&self) {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.server.id() as i32, libc::SIGSTOP) };
+    }
+
+    /// Undoes [`Self::pause`].
+    pub fn resume(&self) {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.server.id() as i32, libc::SIGCONT) };
+    }
+
+    /// The multipart uploads in progress in `bucket`: (key, upload id).
+    pub fn uploads(&self, bucket: &str) -> Vec<(String, String)> {
+        let out = Command::new(venv_python())
+            .arg(script())
+            .args(["uploads", &self.direct(), bucket])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "uploads: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let (k, id) = l.rsplit_once(' ')?;
+                Some((k.to_string(), id.to_string()))
+            })
+            .collect()
+    }
+
     /// Creates `bucket` if needed and uploads each (key, file).
     pub fn put(&self, bucket: &str, objects: &[(String, &Path)]) {
         let mut cmd = Command::new(venv_python());
@@ -214,6 +254,83 @@ impl S3Server {
             .collect();
         self.put(bucket, &objs);
     }
+}
+
+/// Writes at `path` a safetensors file of `mib` MiB (a multiple of 8) of
+/// fp32 tensors of 8 MiB each, pseudo-random values of a checkpoint's
+/// magnitudes from `seed` (random mantissas: they compress little, as
+/// real weights' do). Streamed: memory stays at one tensor.
+pub fn write_big_safetensors(path: &Path, mib: usize, seed: u64) {
+    let per = 8u64 << 20;
+    let n = mib.div_ceil(8);
+    let mut header = String::from("{");
+    for i in 0..n as u64 {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"layers.{i}.weight\":{{\"dtype\":\"F32\",\"shape\":[{},1024],\"data_offsets\":[{},{}]}}",
+            per / 4096,
+            i * per,
+            (i + 1) * per
+        ));
+    }
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    w.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    w.write_all(header.as_bytes()).unwrap();
+    let mut rng = super::Rng(seed);
+    let mut b = Vec::with_capacity(per as usize);
+    for _ in 0..n {
+        b.clear();
+        for _ in 0..per / 8 {
+            let r = rng.next();
+            for half in [r as u32, (r >> 32) as u32] {
+                // Sign, an exponent in 2^-8..2^-1, a random mantissa.
+                let bits =
+                    (half & 0x8000_0000) | ((119 + (half >> 23) % 8) << 23) | (half & 0x7f_ffff);
+                b.extend_from_slice(&bits.to_le_bytes());
+            }
+        }
+        w.write_all(&b).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+/// Whether files `a` and `b` hold the same bytes (read in pieces).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
+        return false;
+    }
+    let (mut x, mut y) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
+    loop {
+        let n = read_full(&mut fa, &mut x);
+        let m = read_full(&mut fb, &mut y);
+        if n != m || x[..n] != y[..m] {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).unwrap() {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
 }
 
 impl Drop for S3Server {

@@ -7,7 +7,10 @@
 //! Invalid safetensors are moved back as a plain `X.safetensors` instead.
 //! A version that changed during compression (a new writer, a truncate)
 //! discards the result; the next close queues it again. On failure (out of
-//! space) the staged file stays, served as it is, and the error is logged.
+//! space, a failed upload) the staged file stays, served as it is, and the
+//! error is logged; with a sink it is retried (`queue`). A panic in the
+//! sink's upload is caught and is a failed upload: it never ends the
+//! write-back thread.
 //! The inode keeps its number and page cache: only its backing changes.
 
 use super::delta_commit::PackedDelta;
@@ -61,9 +64,10 @@ impl CheckpointFs {
             Ok(p) => p,
             Err(e) => {
                 let _ = std::fs::remove_file(spool.tmp_path(id));
-                if self.sink.is_some() {
-                    self.writeback.retry_later(id);
-                }
+                let retry = self
+                    .sink
+                    .is_some()
+                    .then(|| self.writeback.retry_later(id, e.to_string()));
                 if spool.entry(id).is_none_or(|c| c.version != entry.version) {
                     // Renamed over or removed while it was being read: a
                     // later version (or nothing) is what the name shows now.
@@ -73,9 +77,16 @@ impl CheckpointFs {
                     );
                     return;
                 }
+                let again = retry.map_or(String::new(), |w| {
+                    format!("; tried again in {} s", w.as_secs())
+                });
+                // An upload's message names the object (its URL).
+                let name = match &self.sink {
+                    Some(s) => s.describe(&entry.target),
+                    None => entry.target.display().to_string(),
+                };
                 log::error!(
-                    "{}: {step} failed, the file stays staged at {} and readable: {e}",
-                    entry.target.display(),
+                    "{name}: {step} failed, the file stays staged at {} and readable{again}: {e}",
                     spool.data_path(id).display()
                 );
                 return;
@@ -117,6 +128,7 @@ impl CheckpointFs {
                 self.schedule(id);
             }
             Ok(true) => {
+                self.writeback.succeeded(id);
                 if let Some(Packed { raw, stored, .. }) = packed {
                     log::info!(
                         "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
@@ -144,7 +156,7 @@ impl CheckpointFs {
                     current.target.display()
                 );
                 if self.sink.is_some() {
-                    self.writeback.retry_later(id);
+                    self.writeback.retry_later(id, e.to_string());
                 }
             }
         }
@@ -358,7 +370,18 @@ impl CheckpointFs {
             (spool.data_path(id), entry.target.clone())
         };
         let t0 = std::time::Instant::now();
-        let tag = sink.publish(&local, &rel)?;
+        // A panic in the sink (the object-store client) must not end the
+        // write-back thread: it is a failed upload, retried.
+        let tag =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink.publish(&local, &rel)))
+                .unwrap_or_else(|p| {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(io::Error::other(format!("the upload panicked: {msg}")))
+            })?;
         let size = std::fs::metadata(&local).map_or(0, |m| m.len());
         log::info!(
             "{}: uploaded {} bytes in {:.2} s ({:.1} MB/s)",

@@ -15,17 +15,36 @@
 //! (`requeue_all`, then `run_writeback`), so nothing queued is dropped.
 //!
 //! A commit that failed to upload (a store with a sink) is queued again
-//! after [`RETRY_AFTER`] while the thread runs.
+//! while the thread runs, with exponential back-off: [`RETRY_AFTER`] after
+//! the first failure, doubling up to [`RETRY_MAX`]. Its last error is kept
+//! until it succeeds: what is still staged when the daemon exits is
+//! reported ([`CheckpointFs::not_uploaded`]), never dropped.
 
 use crate::fs::CheckpointFs;
 use crossbeam_channel::{select_biased, Receiver, Sender};
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long a failed upload waits before it is tried again.
+/// How long a failed upload waits before it is tried again the first time.
 pub(in crate::fs) const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// The longest wait between two tries of a failing upload.
+pub(in crate::fs) const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before try `failures + 1` of a commit that failed `failures`
+/// times in a row.
+pub(in crate::fs) fn backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    (RETRY_AFTER * (1u32 << doublings)).min(RETRY_MAX)
+}
+
+/// A commit that failed: how many times in a row, and the last error.
+#[derive(Debug, Clone)]
+pub(in crate::fs) struct Failure {
+    pub count: u32,
+    pub error: String,
+}
 
 /// Spool ids of staged files waiting to be compressed.
 pub(in crate::fs) struct WritebackQueue {
@@ -36,8 +55,10 @@ pub(in crate::fs) struct WritebackQueue {
     /// Never carries a message: dropped (closing the channel) to stop.
     stop_send: Mutex<Option<Sender<()>>>,
     stop_recv: Receiver<()>,
-    /// Ids whose commit failed, queued again after `RETRY_AFTER`.
-    retry: Mutex<HashSet<u64>>,
+    /// Ids whose commit failed, and when each is queued again.
+    retry: Mutex<HashMap<u64, Instant>>,
+    /// Ids whose last commit failed (until one succeeds).
+    failures: Mutex<HashMap<u64, Failure>>,
 }
 
 impl WritebackQueue {
@@ -50,7 +71,8 @@ impl WritebackQueue {
             waiting: Mutex::new(HashSet::new()),
             stop_send: Mutex::new(Some(stop_send)),
             stop_recv,
-            retry: Mutex::new(HashSet::new()),
+            retry: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
         }
     }
 
@@ -67,25 +89,61 @@ impl WritebackQueue {
         id
     }
 
-    /// Queues `id` again after `RETRY_AFTER` (while `next` is waited on).
-    pub(in crate::fs) fn retry_later(&self, id: u64) {
-        self.retry.lock().insert(id);
+    /// Records that the commit of `id` failed with `error`, and queues it
+    /// again after its back-off (while `next` is waited on). Returns the
+    /// wait.
+    pub(in crate::fs) fn retry_later(&self, id: u64, error: String) -> Duration {
+        let count = {
+            let mut f = self.failures.lock();
+            let e = f.entry(id).or_insert(Failure {
+                count: 0,
+                error: String::new(),
+            });
+            e.count += 1;
+            e.error = error;
+            e.count
+        };
+        let wait = backoff(count);
+        self.retry.lock().insert(id, Instant::now() + wait);
+        wait
+    }
+
+    /// The commit of `id` succeeded (or `id` is gone): forgets its failures.
+    pub(in crate::fs) fn succeeded(&self, id: u64) {
+        self.failures.lock().remove(&id);
+        self.retry.lock().remove(&id);
+    }
+
+    /// The last failure of `id`'s commit, if its last commit failed.
+    pub(in crate::fs) fn failure(&self, id: u64) -> Option<Failure> {
+        self.failures.lock().get(&id).cloned()
     }
 
     /// The next id, waiting until one is queued; None once stopped.
     fn next(&self) -> Option<u64> {
         loop {
-            if self.retry.lock().is_empty() {
+            let due = self.retry.lock().values().min().copied();
+            let Some(due) = due else {
                 return select_biased! {
                     recv(self.stop_recv) -> _ => None,
                     recv(self.recv) -> id => id.ok().map(|id| self.received(id)),
                 };
-            }
+            };
+            let wait = due.saturating_duration_since(Instant::now());
             select_biased! {
                 recv(self.stop_recv) -> _ => return None,
                 recv(self.recv) -> id => return id.ok().map(|id| self.received(id)),
-                default(RETRY_AFTER) => {
-                    let ids: Vec<u64> = self.retry.lock().drain().collect();
+                default(wait) => {
+                    let now = Instant::now();
+                    let ids: Vec<u64> = {
+                        let mut r = self.retry.lock();
+                        let ids: Vec<u64> =
+                            r.iter().filter(|(_, &t)| t <= now).map(|(&id, _)| id).collect();
+                        for id in &ids {
+                            r.remove(id);
+                        }
+                        ids
+                    };
                     for id in ids {
                         self.push(id);
                     }
@@ -144,5 +202,50 @@ impl CheckpointFs {
     /// Staged files not yet compressed.
     pub fn staged_count(&self) -> usize {
         self.spool.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// With a sink: one line per staged file not uploaded (its remote name
+    /// and its last upload error, or that it was not tried), sorted; they
+    /// stay staged, and the next mount uploads them. Empty without a sink.
+    pub fn not_uploaded(&self) -> Vec<String> {
+        let (Some(sink), Some(spool)) = (&self.sink, &self.spool) else {
+            return Vec::new();
+        };
+        let mut v: Vec<String> = spool
+            .ids_under(Path::new(""))
+            .into_iter()
+            .filter_map(|id| {
+                let e = spool.entry(id)?;
+                let why = match self.writeback.failure(id) {
+                    Some(f) => format!("upload failed ({} tries): {}", f.count, f.error),
+                    None => "not uploaded yet".to_string(),
+                };
+                Some(format!("{}: {why}", sink.describe(&e.target)))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_commits_back_off_exponentially_up_to_a_limit() {
+        assert_eq!(backoff(1), RETRY_AFTER);
+        assert_eq!(backoff(2), RETRY_AFTER * 2);
+        assert_eq!(backoff(3), RETRY_AFTER * 4);
+        assert_eq!(backoff(10), RETRY_MAX);
+        assert_eq!(backoff(u32::MAX), RETRY_MAX);
+        let q = WritebackQueue::new();
+        assert_eq!(q.retry_later(7, "first".into()), RETRY_AFTER);
+        assert_eq!(q.retry_later(7, "second".into()), RETRY_AFTER * 2);
+        let f = q.failure(7).unwrap();
+        assert_eq!((f.count, f.error.as_str()), (2, "second"));
+        q.succeeded(7);
+        assert!(q.failure(7).is_none());
+        assert!(q.retry.lock().is_empty());
     }
 }
