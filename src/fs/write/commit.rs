@@ -8,7 +8,7 @@
 //! A version that changed during compression (a new writer, a truncate)
 //! discards the result; the next close queues it again. On failure (out of
 //! space, a failed upload) the staged file stays, served as it is, and the
-//! error is logged; with a sink it is retried (`queue`). A panic in the
+//! error is logged; it is retried with back-off (`queue`). A panic in the
 //! sink's upload is caught and is a failed upload: it never ends the
 //! write-back thread.
 //! The inode keeps its number and page cache: only its backing changes.
@@ -64,10 +64,9 @@ impl CheckpointFs {
             Ok(p) => p,
             Err(e) => {
                 let _ = std::fs::remove_file(spool.tmp_path(id));
-                let retry = self
-                    .sink
-                    .is_some()
-                    .then(|| self.writeback.retry_later(id, e.to_string()));
+                // Out of space, an upload refused: tried again with
+                // back-off until it succeeds, while the file stays staged.
+                let retry = self.writeback.retry_later(id, e.to_string());
                 if spool.entry(id).is_none_or(|c| c.version != entry.version) {
                     // Renamed over or removed while it was being read: a
                     // later version (or nothing) is what the name shows now.
@@ -77,9 +76,7 @@ impl CheckpointFs {
                     );
                     return;
                 }
-                let again = retry.map_or(String::new(), |w| {
-                    format!("; tried again in {} s", w.as_secs())
-                });
+                let again = format!("; tried again in {} s", retry.as_secs());
                 // An upload's message names the object (its URL).
                 let name = match &self.sink {
                     Some(s) => s.describe(&entry.target),
@@ -155,9 +152,7 @@ impl CheckpointFs {
                     "{}: commit failed, the file stays staged and readable: {e}",
                     current.target.display()
                 );
-                if self.sink.is_some() {
-                    self.writeback.retry_later(id, e.to_string());
-                }
+                self.writeback.retry_later(id, e.to_string());
             }
         }
     }

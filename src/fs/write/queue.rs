@@ -14,7 +14,7 @@
 //! file, and the caller compresses what is left on its own thread
 //! (`requeue_all`, then `run_writeback`), so nothing queued is dropped.
 //!
-//! A commit that failed to upload (a store with a sink) is queued again
+//! A commit that failed (out of space, an upload refused) is queued again
 //! while the thread runs, with exponential back-off: [`RETRY_AFTER`] after
 //! the first failure, doubling up to [`RETRY_MAX`]. Its last error is kept
 //! until it succeeds: what is still staged when the daemon exits is
