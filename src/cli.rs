@@ -54,7 +54,7 @@ pub enum Command {
 pub struct UnpackArgs {
     /// The archive to unpack.
     pub input: PathBuf,
-    /// Output path (default: the input name without .zstn, ending in .safetensors; for a .blz, the name without .blz).
+    /// Output path (default: the input name without .zstn, ending in .safetensors; for a .blz, the name without .blz); `-` writes a one-file archive to standard output.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Replace existing output files.
@@ -122,7 +122,7 @@ pub struct ApplyArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct VerifyArgs {
-    /// Archives to verify fully, or store directories: in a store, every delta (.z4dm) relation is checked (base present inside the store, content digest as recorded, chain depth within bounds).
+    /// Archives to verify fully, or store directories: in a store, every archive (.zstn, .zsame, .z4dm, .blz) is verified in parallel, then every delta (.z4dm) relation is checked (base present inside the store, content digest as recorded, chain depth within bounds); exit 1 if any fails.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// For z4ai deltas (.z4dm, .z4dl): the checkpoint they were built against; each delta is decoded against it and every digest checked.
