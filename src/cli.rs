@@ -279,6 +279,11 @@ pub struct MountArgs {
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     pub allow_other: bool,
+    /// Mount even if MOUNTPOINT is not empty (FUSE's `-o nonempty`): what it
+    /// holds is hidden until the unmount. Without it a non-empty MOUNTPOINT
+    /// is refused.
+    #[arg(long)]
+    pub allow_nonempty: bool,
     /// Refuse every change (EROFS) and leave STORE untouched. By default the
     /// mount is writable: `.safetensors` files written into it are staged
     /// and recompressed to `.zstn` after they are closed.
