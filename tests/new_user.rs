@@ -150,3 +150,24 @@ fn unpack_to_dash_writes_standard_output() {
         "wrote a file named -"
     );
 }
+
+#[test]
+fn unpack_of_a_z4ai_delta_to_dash_writes_standard_output() {
+    let d = tempfile::tempdir().unwrap();
+    let v = vectors_dir();
+    let out = std::process::Command::new(common::bin())
+        .current_dir(d.path())
+        .arg("unpack")
+        .arg(v.join("finetune.z4dm"))
+        .arg("--base")
+        .arg(v.join("finetune.base.safetensors"))
+        .args(["-o", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        out.stdout,
+        std::fs::read(v.join("finetune.target.safetensors")).unwrap()
+    );
+    assert!(!d.path().join("-").exists(), "wrote a file named -");
+}

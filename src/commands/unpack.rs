@@ -118,18 +118,25 @@ pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
 
 /// `-o -`: the decoded bytes to standard output, as tar and zstd do (and,
 /// as zstd does, not to a terminal).
-fn to_standard_output(
+pub(super) fn to_standard_output(
     fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<()> {
+    write_standard_output(fill).context("standard output")
+}
+
+/// As [`to_standard_output`], the error as `fill` gave it.
+pub(super) fn write_standard_output(
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     use std::io::{IsTerminal, Write};
     let out = std::io::stdout();
     if out.is_terminal() {
-        anyhow::bail!("-o -: standard output is a terminal; redirect it to a file or a pipe");
+        return Err(std::io::Error::other(
+            "-o -: standard output is a terminal; redirect it to a file or a pipe",
+        ));
     }
     let mut w = std::io::BufWriter::with_capacity(1 << 20, out.lock());
-    fill(&mut w)
-        .and_then(|()| w.flush())
-        .context("standard output")
+    fill(&mut w).and_then(|()| w.flush())
 }
 
 /// An archive presenting one file under its own name (a `.zstn`).
