@@ -171,3 +171,32 @@ fn unpack_of_a_z4ai_delta_to_dash_writes_standard_output() {
     );
     assert!(!d.path().join("-").exists(), "wrote a file named -");
 }
+
+#[test]
+fn counts_of_one_are_singular() {
+    let d = tempfile::tempdir().unwrap();
+    let model = d.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let st = vectors_dir().join("tiny.safetensors");
+    std::fs::copy(&st, model.join("model.safetensors")).unwrap();
+    let blz = d.path().join("m.blz");
+    let out = ckptfs(&["pack", model.to_str().unwrap(), "-o", blz.to_str().unwrap()]);
+    let e = text(&out.stderr);
+    assert!(out.status.success(), "{e}");
+    assert!(e.contains(": 1 file (1 shard, "), "{e}");
+    assert!(!e.contains("shards") && !e.contains(" 1 files"), "{e}");
+    let listed = text(&ckptfs(&["list", st.to_str().unwrap()]).stdout);
+    let name = listed.split_whitespace().next().unwrap().to_string();
+    let out = ckptfs(&[
+        "extract",
+        st.to_str().unwrap(),
+        "--tensor",
+        &name,
+        "-o",
+        d.path().join("x").to_str().unwrap(),
+        "--safetensors",
+    ]);
+    let e = text(&out.stderr);
+    assert!(out.status.success(), "{e}");
+    assert!(e.contains(": 1 tensor\n"), "{e}");
+}
