@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/ckptfs-bench-blz}
 PY=${CKPTFS_VENV:-.venv}/bin/python
 [ -x "$PY" ] || { echo "missing $PY: run scripts/setup-test-env.sh" >&2; exit 1; }
-cargo build --release --quiet
+cargo build --locked --release --quiet
 BIN=${CARGO_TARGET_DIR:-target}/release/ckptfs
 mkdir -p "$WORK"
 

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 W="${1:-/tmp/ckptfs-bench}"
 bash scripts/setup-test-env.sh >/dev/null
 .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements-bench.txt
-cargo build --release --example codec_bench -q
+cargo build --locked --release --example codec_bench -q
 CB="${CODEC_BENCH:-${CARGO_TARGET_DIR:-target}/release/examples/codec_bench}"
 .venv/bin/python scripts/make_bench_files.py "$W"
 .venv/bin/python scripts/bench_codec.py "$CB" \

@@ -12,7 +12,7 @@ W="${1:-/tmp/ckptfs-bench}"
 RUNS="${RUNS:-3}"
 OUT="${2:-/dev/shm}"
 bash scripts/setup-test-env.sh >/dev/null
-cargo build --release -q
+cargo build --locked --release -q
 PY=.venv/bin/python
 BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
 $PY scripts/make_bench_files.py "$W" --only llama --layers 2 --name llama2l-bf16.safetensors

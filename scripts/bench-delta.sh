@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-delta}")"
 RUNS="${RUNS:-3}"
 if [ -z "${CKPTFS_BIN:-}" ]; then
-  cargo build --release -q
+  cargo build --locked --release -q
 fi
 BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
 PY="${CKPTFS_VENV:-.venv}/bin/python"

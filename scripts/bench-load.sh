@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-load}")"
 bash scripts/setup-test-env.sh >/dev/null
 .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements-bench.txt
-cargo build --release -q
+cargo build --locked --release -q
 BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
 echo "## Loads through the mount"
 .venv/bin/python scripts/bench_load.py "$BIN" "$W" --runs "${RUNS:-3}" \

@@ -19,7 +19,7 @@ for t in mksquashfs squashfuse fio; do
   command -v $t >/dev/null || { echo "bench-mount: $t is required" >&2; exit 1; }
 done
 bash scripts/setup-test-env.sh >/dev/null
-cargo build --release -q
+cargo build --locked --release -q
 BIN="${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}"
 PY=.venv/bin/python
 mkdir -p "$W/raw" "$W/store" "$W/mnt-ckptfs" "$W/mnt-squash"

@@ -8,6 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-s3-write}")"
 bash scripts/setup-test-env.sh >/dev/null
-[ -n "${CKPTFS_BIN:-}" ] || cargo build --release -q
+[ -n "${CKPTFS_BIN:-}" ] || cargo build --locked --release -q
 BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
 .venv/bin/python scripts/bench_s3_write.py "$BIN" "$W" "${2:-256}"

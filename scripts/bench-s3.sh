@@ -13,6 +13,6 @@ bash scripts/setup-test-env.sh >/dev/null
 case " ${BENCH_S3_SERVERS:-s3s-fs moto} " in
   *" s3s-fs "*) bash scripts/install-s3s-fs.sh ;;
 esac
-[ -n "${CKPTFS_BIN:-}" ] || cargo build --release -q
+[ -n "${CKPTFS_BIN:-}" ] || cargo build --locked --release -q
 BIN="$(realpath "${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
 .venv/bin/python scripts/bench_s3.py "$BIN" "$W"

@@ -28,7 +28,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 bash scripts/setup-test-env.sh >/dev/null
-cargo build --release -q
+cargo build --locked --release -q
 BIN="$(realpath "${CARGO_TARGET_DIR:-target}/release/ckptfs")"
 PY=.venv/bin/python
 mkdir -p "$W/src" "$W/store" "$W/mnt" "$W/raw-copy"

@@ -43,7 +43,7 @@ if ! cat scripts/requirements-hf.txt scripts/requirements-clients.txt | cmp -s -
 fi
 PY="$BV/bin/python"
 if [ -z "${CKPTFS_BIN:-}" ]; then
-  cargo build --release -q
+  cargo build --locked --release -q
 fi
 BIN="${CKPTFS_BIN:-${CARGO_TARGET_DIR:-target}/release/ckptfs}"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the example store: build ckptfs, inspect the archive, mount the
+# The main job on the example store: find or build ckptfs, inspect the archive, mount the
 # store, read the presented .safetensors through the mount and check it byte for byte.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,9 +7,18 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
   echo "== installing fuse3 (fusermount3)"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3
 fi
-echo "== building ckptfs (release)"
-cargo build --release -q
-B=target/release/ckptfs
+# The ckptfs that README's install line put on PATH, if there is one;
+# otherwise this checkout's release build (cargo builds it once and
+# afterwards only checks it is up to date). CKPTFS_BIN picks another.
+if [ -n "${CKPTFS_BIN:-}" ]; then
+  B=$CKPTFS_BIN
+elif B=$(command -v ckptfs); then
+  echo "== using the installed $B"
+else
+  echo "== building ckptfs (release; the first build takes a few minutes)"
+  cargo build --locked --release -q
+  B=target/release/ckptfs
+fi
 STORE=examples/store
 echo "== ckptfs info $STORE/tiny-llama/model.zstn"
 $B info --summary "$STORE/tiny-llama/model.zstn"

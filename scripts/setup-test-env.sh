@@ -62,6 +62,7 @@ if ! cmp -s scripts/requirements-hf.txt "$stamp_hf"; then
   # the downloaded wheels and the installed venv never both hold all of
   # them (see scripts/requirements-torch-libs.txt).
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    echo "installing torch and its CUDA libraries into $VENV (about 3 GB to download, once)"
     grep -v -e '^#' -e '^$' scripts/requirements-torch-libs.txt | while read -r req; do
       pip_install "$req"
     done

@@ -16,8 +16,20 @@ fi
 # Incremental compilation data (1.7 GB in a clean test build) only speeds
 # up rebuilds after edits; a test run does not need it.
 export CARGO_INCREMENTAL=0
-bash scripts/setup-test-env.sh
-cargo fmt --all -- --check
-cargo clippy --all-targets -q -- -D warnings
+# Each step says what it does before it starts and how long it took after,
+# so a fresh machine's long first set-up (llama.cpp built from its sdist,
+# torch's CUDA wheels downloaded) is not mistaken for a hang.
+run_start=$SECONDS
+step() {
+  local what=$1 t=$SECONDS
+  shift
+  echo "== $what"
+  "$@"
+  echo "== $what: done in $((SECONDS - t)) s (total $((SECONDS - run_start)) s)"
+}
+step "setting up the test environment (first run on a machine: fuse3, a Python venv of about 5 GB with torch, llama.cpp built from source: several minutes)" \
+  bash scripts/setup-test-env.sh
+step "checking formatting (cargo fmt)" cargo fmt --all -- --check
+step "linting (cargo clippy; builds the tests)" cargo clippy --locked --all-targets -q -- -D warnings
 # A wedged mount must fail CI, not hang it.
-timeout 1800 cargo test --all-targets -q
+step "running every test (cargo test; about 30 min)" timeout 1800 cargo test --locked --all-targets -q

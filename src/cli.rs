@@ -54,7 +54,7 @@ pub enum Command {
 pub struct UnpackArgs {
     /// The archive to unpack.
     pub input: PathBuf,
-    /// Output path (default: the input name without .zstn, ending in .safetensors; for a .blz, the name without .blz).
+    /// Output path (default: the input name without .zstn, ending in .safetensors; for a .blz, the name without .blz); `-` writes a one-file archive to standard output.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Replace existing output files.
@@ -122,7 +122,7 @@ pub struct ApplyArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct VerifyArgs {
-    /// Archives to verify fully, or store directories: in a store, every delta (.z4dm) relation is checked (base present inside the store, content digest as recorded, chain depth within bounds).
+    /// Archives to verify fully, or store directories: in a store, every archive (.zstn, .zsame, .z4dm, .blz) is verified in parallel, then every delta (.z4dm) relation is checked (base present inside the store, content digest as recorded, chain depth within bounds); exit 1 if any fails.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// For z4ai deltas (.z4dm, .z4dl): the checkpoint they were built against; each delta is decoded against it and every digest checked.
@@ -279,6 +279,11 @@ pub struct MountArgs {
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     pub allow_other: bool,
+    /// Mount even if MOUNTPOINT is not empty (FUSE's `-o nonempty`): what it
+    /// holds is hidden until the unmount. Without it a non-empty MOUNTPOINT
+    /// is refused.
+    #[arg(long)]
+    pub allow_nonempty: bool,
     /// Refuse every change (EROFS) and leave STORE untouched. By default the
     /// mount is writable: `.safetensors` files written into it are staged
     /// and recompressed to `.zstn` after they are closed.

@@ -91,6 +91,34 @@ fn umask() -> u32 {
         .unwrap_or(0o022)
 }
 
+/// Creates `dir` with mode `leaf_mode` and any missing parent with
+/// `parent_mode`, exactly: the modes are set after creation, so neither a
+/// process umask of 0 (the mount daemon's) nor a strict one changes them.
+/// Directories that already exist are left as they are.
+pub fn create_dirs(dir: &Path, leaf_mode: u32, parent_mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && p.symlink_metadata().is_err())
+        .collect();
+    for (i, d) in missing.iter().enumerate().rev() {
+        let mode = if i == 0 { leaf_mode } else { parent_mode };
+        match std::fs::DirBuilder::new().mode(mode).create(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?,
+            // Made by someone else meanwhile: theirs, as it is.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if !dir.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            format!("{}: not a directory", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// The directory holding `path` ("." for a bare file name).
 pub fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {

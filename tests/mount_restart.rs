@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// The CLI as a user runs it, with its state (logs, pid files) in `state`.
+/// The CLI as a user runs it, with its state (logs) in `state`.
 fn cli(state: &Path, args: &[&std::ffi::OsStr]) -> Output {
     Command::new(bin())
         .args(args)
@@ -53,9 +53,16 @@ impl Env {
         a.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
         cli(&self.state, &a)
     }
-    fn mount(&self) {
+    /// Mounts in the background; returns the daemon's pid, as `ckptfs
+    /// mount` prints it ("... (pid N); log: ...").
+    fn mount(&self) -> u32 {
         let o = self.mount_at(&self.mnt, &[]);
         assert!(o.status.success(), "mount: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        out.split_once("(pid ")
+            .and_then(|(_, r)| r.split_once(')'))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in {out:?}"))
     }
     fn umount_at(&self, mnt: &Path) {
         let o = cli(&self.state, &["umount".as_ref(), mnt.as_os_str()]);
@@ -106,17 +113,13 @@ fn walk(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     out
 }
 
-fn daemon_pids(state: &Path) -> Vec<u32> {
-    std::fs::read_dir(state.join("ckptfs"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let p = e.ok()?.path();
-                (p.extension()? == "pid").then(|| std::fs::read_to_string(p).ok())?
-            })
-            .filter_map(|t| t.trim().parse().ok())
-            .collect()
-        })
-        .unwrap_or_default()
+/// Whether process `pid` runs (a zombie has exited).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            != Some("Z")
+    })
 }
 
 #[test]
@@ -153,7 +156,7 @@ fn umount_then_mount_again_twenty_times_loses_and_hides_nothing() {
         want.insert(Path::new("llama").join(rel), bytes);
     }
     for round in 0..20 {
-        env.mount();
+        let pid = env.mount();
         let dir = env.mnt.join(format!("r{round}"));
         std::fs::create_dir(&dir).unwrap();
         for (i, p) in files.iter().enumerate() {
@@ -170,10 +173,7 @@ fn umount_then_mount_again_twenty_times_loses_and_hides_nothing() {
         env.umount_at(&env.mnt);
         // umount returned only once the daemon had exited: nothing runs,
         // nothing is left staged.
-        assert!(
-            daemon_pids(&env.state).is_empty(),
-            "round {round}: a pid file outlives umount"
-        );
+        assert!(!alive(pid), "round {round}: the daemon outlives umount");
         let spool: Vec<_> = std::fs::read_dir(env.store.join(".ckptfs-spool"))
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -219,8 +219,7 @@ fn umount_then_mount_again_twenty_times_loses_and_hides_nothing() {
 fn one_writable_daemon_per_store_readers_beside_it() {
     let env = Env::new();
     std::fs::write(env.store.join("a.txt"), b"hello").unwrap();
-    env.mount();
-    let pid = daemon_pids(&env.state)[0];
+    let pid = env.mount();
     // A second writable mount of the same store, elsewhere: refused, one
     // line naming the holder.
     let other = env.state.parent().unwrap().join("mnt2");
@@ -251,8 +250,7 @@ fn one_writable_daemon_per_store_readers_beside_it() {
 #[test]
 fn a_killed_daemons_lock_is_taken_over() {
     let env = Env::new();
-    env.mount();
-    let pid = daemon_pids(&env.state)[0];
+    let pid = env.mount();
     let mut rng = Rng(3);
     let f = safetensors_file(
         &[(
@@ -271,7 +269,7 @@ fn a_killed_daemons_lock_is_taken_over() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = Command::new("umount").arg("-l").arg(&env.mnt).status();
-    // The stale pid file names a dead process; the lock went with it.
+    // The lock went with the killed daemon.
     env.mount();
     assert_eq!(std::fs::read(env.mnt.join("x.safetensors")).unwrap(), f);
     env.umount_at(&env.mnt);

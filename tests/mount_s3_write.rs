@@ -482,7 +482,7 @@ fn a_failed_upload_is_retried_reported_at_umount_and_never_dropped() {
             && e.contains("not uploaded: s3://failw/models/notes.txt"),
         "{e}"
     );
-    assert!(e.contains("2 file(s) were not uploaded"), "{e}");
+    assert!(e.contains("2 files were not uploaded"), "{e}");
     let st = m.child.take().unwrap().wait().unwrap();
     assert_eq!(st.code(), Some(1), "the daemon's exit: {}", m.log_text());
     assert!(spool_of(&cache).len() >= 2, "both files stay staged");

@@ -3,7 +3,7 @@
 //! `unpack`, `verify`, `list` and `extract` work on every kind of archive
 //! through `crate::archive` and `crate::model`).
 
-use super::{progress, Global, Result};
+use super::{plural, progress, Global, Result};
 use crate::archive::{ArchiveView, BlzArchive};
 use crate::format::blz::{Content, FileKind, Stored, MAGIC};
 use crate::pack::{pack_dir, BlzOptions, PackOptions};
@@ -44,13 +44,19 @@ pub fn pack(g: Global, src: &Path, out: &Path, raw: bool, level: i32, force: boo
     if !g.quiet {
         let secs = t.elapsed().as_secs_f64();
         eprintln!(
-            "{} -> {}: {} files ({} shards, {} tensors, {} stored once more), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
+            "{} -> {}: {} ({}, {}, {}), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
             src.display(),
             out.display(),
-            s.files,
-            s.shards,
-            s.tensors,
-            s.deduplicated,
+            plural(s.files, "file", "files"),
+            plural(s.shards, "shard", "shards"),
+            plural(s.tensors, "tensor", "tensors"),
+            match s.deduplicated {
+                0 => "no duplicate tensors".to_string(),
+                n => format!(
+                    "{} not stored again",
+                    plural(n, "duplicate tensor", "duplicate tensors")
+                ),
+            },
             s.raw_bytes,
             s.stored_bytes,
             s.raw_bytes as f64 / s.stored_bytes.max(1) as f64,

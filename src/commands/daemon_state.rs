@@ -9,16 +9,14 @@
 //!   killed daemon is taken over by the next mount, which then recovers the
 //!   spool (the file's pid is only a message, never trusted). Read-only
 //!   mounts never touch the spool and take no lock.
-//! - the *pid file* of a mountpoint, beside the daemon's log
-//!   (`$XDG_STATE_HOME/ckptfs/mount-NAME.pid`), written once the session is
-//!   mounted and removed when the daemon exits: `ckptfs umount` reads it to
-//!   wait until the daemon has finished its work (pending compressions
-//!   included) and exited.
-//! - the *outcome file* beside it (`mount-NAME.outcome`): written by a
-//!   daemon that exits with files not uploaded (an `s3://` store), its pid
-//!   on the first line and one line per file after; `ckptfs umount` prints
-//!   them and exits 1. A daemon that starts, or exits with nothing left,
-//!   removes it.
+//! - the *outcome file* (`$XDG_STATE_HOME/ckptfs/mount-NAME.outcome`, beside
+//!   the daemon's log): written by a daemon that exits with files not
+//!   uploaded (an `s3://` store), its pid on the first line and one line
+//!   per file after; `ckptfs umount` prints them and exits 1. A daemon that
+//!   starts, or exits with nothing left, removes it.
+//!
+//! and how `ckptfs umount` finds the daemon of a mount to wait for it
+//! ([`daemon_pids`]): from the mount itself, with no pid file.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -41,7 +39,10 @@ impl WriterLock {
     /// Takes the writer lock of `store`, or says which daemon holds it.
     pub fn acquire(store: &Path) -> anyhow::Result<WriterLock> {
         let dir = store.join(crate::fs::spool::SPOOL_DIR);
-        std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        // The spool is private (0700), as `Spool::open` makes it; taken
+        // first, the lock is what creates it.
+        crate::fsutil::create_dirs(&dir, 0o700, 0o755)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
         let path = dir.join(WRITER_LOCK);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -78,34 +79,28 @@ impl WriterLock {
     }
 }
 
-/// Where the daemon serving `mountpoint` records its pid.
-pub fn pid_path(mountpoint: &Path) -> PathBuf {
-    super::mount::log_path(mountpoint).with_extension("pid")
-}
-
-/// The pid file of a running daemon; removed when dropped.
-#[derive(Debug)]
-pub struct PidFile {
-    path: PathBuf,
-}
-
-impl PidFile {
-    pub fn create(mountpoint: &Path) -> std::io::Result<PidFile> {
-        let path = pid_path(mountpoint);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        crate::fsutil::write_atomic(&path, true, |w| {
-            w.write_all(format!("{}\n", std::process::id()).as_bytes())
-        })?;
-        Ok(PidFile { path })
-    }
-}
-
-impl Drop for PidFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
+/// The pids of the ckptfs daemons serving the mount at `mountpoint`
+/// (canonical), found from the mount itself rather than from a state file
+/// (whose place depends on the environment of whoever started it): a
+/// process is one when it holds the FUSE device `/dev/fuse` open, is
+/// `ckptfs mount` (its `argv[0]` is named `ckptfs`), and one of its
+/// arguments after `mount`, resolved against its working directory, is
+/// this mountpoint. A pid reused by another program fails the first two
+/// tests, so nothing stale is ever waited for. Usually one pid; two when a
+/// lazily detached daemon still serves open files at the same path (both
+/// have work to finish). Processes whose `/proc` entries cannot be read
+/// (another user's) are skipped: they cannot be this user's daemon.
+pub fn daemon_pids(mountpoint: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && serves(pid, mountpoint))
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// Where the daemon serving `mountpoint` leaves what it could not finish.
@@ -146,18 +141,38 @@ pub fn take_outcome(mountpoint: &Path, pid: u32) -> Option<Vec<String>> {
     Some(left)
 }
 
-/// The pid of the ckptfs daemon serving `mountpoint`, if it runs.
-pub fn daemon_pid(mountpoint: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(pid_path(mountpoint)).ok()?;
-    let pid: u32 = text.trim().parse().ok()?;
-    // A stale file may name a pid reused by another program: the process
-    // must be a ckptfs mount.
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+fn serves(pid: u32, mountpoint: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
     let is_ckptfs = args.first().is_some_and(|a| {
         Path::new(std::ffi::OsStr::from_bytes(a)).file_name() == Some("ckptfs".as_ref())
-    }) && args.iter().any(|a| *a == b"mount");
-    is_ckptfs.then_some(pid)
+    });
+    let Some(at) = args.iter().position(|a| *a == b"mount") else {
+        return false;
+    };
+    if !is_ckptfs || !holds_dev_fuse(pid) {
+        return false;
+    }
+    let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd")) else {
+        return false;
+    };
+    args[at + 1..].iter().any(|a| {
+        !a.is_empty()
+            && cwd
+                .join(std::ffi::OsStr::from_bytes(a))
+                .canonicalize()
+                .is_ok_and(|p| p == mountpoint)
+    })
+}
+
+fn holds_dev_fuse(pid: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|e| e.ok())
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
 }
 
 fn alive(pid: u32) -> bool {

@@ -223,23 +223,10 @@ pub fn standalone(
 /// Returns (relations checked, failures); prints one line per delta.
 pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
     let root = std::fs::canonicalize(store).with_context(|| store.display().to_string())?;
-    let mut stack = vec![root.clone()];
-    let mut deltas = Vec::new();
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
-            let e = e.with_context(|| d.display().to_string())?;
-            let ft = e
-                .file_type()
-                .with_context(|| e.path().display().to_string())?;
-            let name = e.file_name();
-            if ft.is_dir() && name != ".ckptfs-spool" {
-                stack.push(e.path());
-            } else if ft.is_file() && name.to_string_lossy().ends_with(".z4dm") {
-                deltas.push(e.path());
-            }
-        }
-    }
-    deltas.sort();
+    let deltas: Vec<PathBuf> = store_archives(&root)?
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".z4dm"))
+        .collect();
     let fs = StoreFs { root: root.clone() };
     let mut failed = 0;
     for p in &deltas {
@@ -266,6 +253,40 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
         }
     }
     Ok((deltas.len(), failed))
+}
+
+/// Every regular file under the store `root` (canonical) whose name the
+/// mount presents from an archive (`.zstn`, `.zsame`, `.z4dm`, `.blz`),
+/// sorted; the spool is not walked (its files are not archives yet).
+pub fn store_archives(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut stack = vec![root.to_path_buf()];
+    let mut found = Vec::new();
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
+            let e = e.with_context(|| d.display().to_string())?;
+            let ft = e
+                .file_type()
+                .with_context(|| e.path().display().to_string())?;
+            let name = e.file_name();
+            if ft.is_dir() && name != crate::fs::spool::SPOOL_DIR {
+                stack.push(e.path());
+            } else if ft.is_file() && crate::fs::namespace::is_archive_name(&name) {
+                found.push(e.path());
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Opens the archive `path` of the store `root` (canonical), a delta's
+/// base resolved inside the store as the mount resolves it.
+pub fn open_in_store(root: &Path, path: &Path) -> Result<std::sync::Arc<dyn ArchiveView>> {
+    let f = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    let fs = StoreFs {
+        root: root.to_path_buf(),
+    };
+    Ok(archive::from_file_with(&f, path, &fs)?)
 }
 
 /// Bases resolved inside a store root, never outside it.

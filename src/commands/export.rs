@@ -30,11 +30,11 @@ pub fn run(g: Global, a: ExportArgs) -> Result<ExitCode> {
         }
         let secs = t0.elapsed().as_secs_f64();
         eprintln!(
-            "{} -> {}: {} files, {} tensors, {} -> {} bytes, {:.0} MB/s",
+            "{} -> {}: {}, {}, {} -> {} bytes, {:.0} MB/s",
             a.input.display(),
             a.output.display(),
-            s.files,
-            s.tensors,
+            super::plural(s.files, "file", "files"),
+            super::plural(s.tensors, "tensor", "tensors"),
             s.source_bytes,
             s.written_bytes,
             s.source_bytes as f64 / 1e6 / secs.max(1e-9)

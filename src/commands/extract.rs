@@ -58,7 +58,11 @@ pub fn run(g: Global, a: ExtractArgs) -> Result<ExitCode> {
             Ok(())
         })?;
         if !g.quiet {
-            eprintln!("{}: {} tensors", p.display(), picked.len());
+            eprintln!(
+                "{}: {}",
+                p.display(),
+                super::plural(picked.len(), "tensor", "tensors")
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -8,9 +8,11 @@ use crate::archive::{ArchiveView, ZstnArchive};
 use crate::codec::plane::method_name;
 use crate::format::frame::Frame;
 use crate::format::zstn::{Layout, RecordKind};
+use crate::model::{Model, ModelError};
 use anyhow::Context as _;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::ExitCode;
 
 #[derive(Debug, Serialize)]
@@ -243,6 +245,81 @@ fn frame_info(path: &std::path::Path, bytes: &[u8]) -> Result<FileInfo> {
     Ok(info)
 }
 
+/// Whether `path` is named as safetensors (then its header's error is the
+/// one to report, not that it is no archive).
+fn looks_safetensors(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "safetensors")
+}
+
+/// What `list` and `export` read as a model and `info` summarises without
+/// an archive: a `.safetensors` file or a model directory (whose `.zstn`
+/// shards count as the `.safetensors` they hold: stored bytes are the
+/// bytes on disk).
+fn model_info(path: &Path) -> Result<FileInfo> {
+    let m = Model::open(path)?;
+    let dir = path.is_dir();
+    let mut info = FileInfo {
+        file: path.display().to_string(),
+        format: if dir {
+            "model directory"
+        } else {
+            "safetensors"
+        },
+        tensors: m.tensors().len(),
+        raw_bytes: m.files().iter().map(|f| f.len).sum(),
+        stored_bytes: disk_bytes(path).with_context(|| path.display().to_string())?,
+        ratio: 1.0,
+        checksums: false,
+        checksum_kind: "none (plain files)".into(),
+        dtypes: BTreeMap::new(),
+        frame_kinds: BTreeMap::new(),
+        plane_methods: BTreeMap::new(),
+        records: BTreeMap::new(),
+        tensor_list: Vec::new(),
+        header_note: dir.then(|| {
+            format!(
+                "{}; `ckptfs info` on an archive in it shows its compression",
+                super::plural(m.files().len(), "file", "files")
+            )
+        }),
+    };
+    info.ratio = ratio(info.raw_bytes, info.stored_bytes);
+    for t in m.tensors() {
+        *info.dtypes.entry(t.dtype.clone()).or_default() += 1;
+        info.tensor_list.push(TensorInfo {
+            name: if dir {
+                format!("{}: {}", m.files()[t.file].path, t.name)
+            } else {
+                t.name.clone()
+            },
+            dtype: t.dtype.clone(),
+            shape: t.shape.clone(),
+            raw_bytes: t.len,
+            stored_bytes: t.len,
+            ratio: 1.0,
+            record: "PLAIN",
+            frame: "-".into(),
+            methods: Vec::new(),
+            blocks: 0,
+        });
+    }
+    Ok(info)
+}
+
+/// The bytes of the regular files at or under `path` (symlinks not
+/// followed).
+fn disk_bytes(path: &Path) -> std::io::Result<u64> {
+    let m = path.symlink_metadata()?;
+    if !m.is_dir() {
+        return Ok(if m.is_file() { m.len() } else { 0 });
+    }
+    let mut n = 0;
+    for e in std::fs::read_dir(path)? {
+        n += disk_bytes(&e?.path())?;
+    }
+    Ok(n)
+}
+
 fn hist(m: &BTreeMap<String, usize>) -> String {
     m.iter()
         .map(|(k, v)| format!("{k} ×{v}"))
@@ -322,6 +399,16 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
             }
             continue;
         }
+        if path.is_dir() {
+            match model_info(path) {
+                Ok(i) => infos.push(i),
+                Err(e) => {
+                    eprintln!("ckptfs: {}", super::one_line(&*e));
+                    failed = true;
+                }
+            }
+            continue;
+        }
         let r = match open_input(path) {
             // .blz went above; the container-level details are a .zstn's.
             Ok(Input::Archive(ar)) => {
@@ -370,7 +457,11 @@ pub fn run(_g: Global, a: crate::cli::InfoArgs) -> Result<ExitCode> {
                 }
             }
             Ok(Input::Frame(map)) => frame_info(path, &map),
-            Err(e) => Err(e),
+            // Not an archive: a `.safetensors` file, as `list` reads it.
+            Err(e) => model_info(path).map_err(|me| match me.downcast_ref::<ModelError>() {
+                Some(ModelError::Header { .. }) if !looks_safetensors(path) => e,
+                _ => me,
+            }),
         };
         match r {
             Ok(i) => infos.push(i),

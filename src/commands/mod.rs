@@ -123,6 +123,11 @@ pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     line
 }
 
+/// `n` and the noun that fits it: `1 shard`, `0 shards`.
+pub fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A byte-counting progress bar, shown only on a terminal and only for work
 /// large enough to take a moment.
 pub fn progress(g: Global, total: u64, msg: &str) -> ProgressBar {
@@ -172,10 +177,10 @@ pub fn open_input(path: &std::path::Path) -> Result<Input> {
                 unsafe { memmap2::Mmap::map(&f) }.with_context(|| path.display().to_string())?;
             Ok(Input::Frame(map))
         }
-        m => Err(anyhow::anyhow!(
-            "{}: not a ZSTN archive or z4ai frame (magic {:?})",
+        _ => Err(anyhow::anyhow!(
+            "{}: not an archive ckptfs reads or a z4ai frame (it starts \"{}\")",
             path.display(),
-            String::from_utf8_lossy(m)
+            head.escape_ascii()
         )),
     }
 }

@@ -15,7 +15,7 @@
 //! daemon then records them for `ckptfs umount`, which prints them and
 //! exits 1 (`daemon_state`).
 
-use super::daemon_state::{self, daemon_pid, PidFile, WriterLock};
+use super::daemon_state::{self, WriterLock};
 use super::{Global, Result};
 use crate::cli::{MountArgs, UmountArgs};
 use crate::fs::{CheckpointFs, FsConfig};
@@ -25,7 +25,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::io::{BufRead, IsTerminal, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -77,6 +77,41 @@ fn mountinfo_has(mountpoint: &Path) -> bool {
 /// The mount points of `/proc/self/mountinfo` (escaped as it writes them),
 /// each with whether it is a ckptfs mount.
 fn mounts() -> Vec<(String, bool)> {
+    mount_table()
+        .into_iter()
+        .map(|m| {
+            let ckptfs = m.is_ckptfs();
+            (m.point, ckptfs)
+        })
+        .collect()
+}
+
+/// One line of `/proc/self/mountinfo`: "ID PARENT MAJ:MIN ROOT POINT OPTS
+/// ... - FSTYPE SOURCE SUPEROPTS" (POINT and SOURCE escaped, `\040` for a
+/// space).
+struct MountEntry {
+    point: String,
+    opts: String,
+    fstype: String,
+    source: String,
+}
+
+impl MountEntry {
+    /// fuser mounts with fstype "fuse" (or "fuse.ckptfs" via fusermount)
+    /// and the source "ckptfs:STORE".
+    fn is_ckptfs(&self) -> bool {
+        self.fstype.starts_with("fuse") && self.source.starts_with("ckptfs:")
+    }
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+fn mount_table() -> Vec<MountEntry> {
     let Ok(f) = std::fs::File::open("/proc/self/mountinfo") else {
         return Vec::new();
     };
@@ -84,17 +119,22 @@ fn mounts() -> Vec<(String, bool)> {
         .lines()
         .map_while(|l| l.ok())
         .filter_map(|l| {
-            // "... mountpoint opts - fstype source superopts"; fuser mounts
-            // with fstype "fuse" (or "fuse.ckptfs" via fusermount).
             let fields: Vec<&str> = l.split(' ').collect();
             let dash = fields.iter().position(|f| *f == "-")?;
-            let ckptfs = fields.get(dash + 1).is_some_and(|t| t.starts_with("fuse"))
-                && fields
-                    .get(dash + 2)
-                    .is_some_and(|s| s.starts_with("ckptfs:"));
-            Some((fields.get(4)?.to_string(), ckptfs))
+            Some(MountEntry {
+                point: fields.get(4)?.to_string(),
+                opts: fields.get(5)?.to_string(),
+                fstype: fields.get(dash + 1)?.to_string(),
+                source: fields.get(dash + 2)?.to_string(),
+            })
         })
         .collect()
+}
+
+/// The topmost mount whose mount point is `path` (absolute), if any.
+fn mount_at(path: &Path) -> Option<MountEntry> {
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    mount_table().into_iter().rev().find(|m| m.point == want)
 }
 
 /// Whether `path` (which must exist) lies inside a ckptfs mount: the
@@ -164,6 +204,12 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
     if !mountpoint.is_dir() {
         return Err(anyhow::anyhow!("{}: not a directory", mountpoint.display()));
     }
+    if in_ckptfs_mount(&store) {
+        return Err(anyhow::anyhow!(
+            "{}: a ckptfs mount, not a store (the arguments are STORE MOUNTPOINT)",
+            store.display()
+        ));
+    }
     if store.starts_with(&mountpoint) {
         return Err(anyhow::anyhow!(
             "{}: the store must not be inside the mountpoint {}",
@@ -193,6 +239,8 @@ pub(super) fn background(
             mountpoint.display()
         ));
     }
+    check_mountpoint(mountpoint, a.allow_nonempty)?;
+    check_dev_fuse()?;
     let s3 = a
         .store
         .to_str()
@@ -208,12 +256,18 @@ pub(super) fn background(
         drop(WriterLock::acquire(&store)?);
     }
     let log = a.log_file.clone().unwrap_or_else(|| log_path(mountpoint));
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+    if let Some(dir) = log.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // The state directory (ckptfs's own: 0700) or the directory of
+        // --log-file (0755), and the usual 0755 for parents made on the way.
+        let own = a.log_file.is_none();
+        crate::fsutil::create_dirs(dir, if own { 0o700 } else { 0o755 }, 0o755)
+            .with_context(|| dir.display().to_string())?;
     }
+    // Logs name the store's files: readable by the owner only.
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&log)
         .with_context(|| log.display().to_string())?;
     let start_len = out.metadata().map(|m| m.len()).unwrap_or(0);
@@ -234,6 +288,9 @@ pub(super) fn background(
     }
     if a.require_checksums {
         cmd.arg("--require-checksums");
+    }
+    if a.allow_nonempty {
+        cmd.arg("--allow-nonempty");
     }
     if a.allow_other {
         cmd.arg("--allow-other");
@@ -307,6 +364,69 @@ pub(super) fn background(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Refuses a mountpoint whose contents the mount would hide (unless
+/// `allow_nonempty`, FUSE's `-o nonempty`), and one that is a store (it
+/// holds a spool: STORE and MOUNTPOINT were given the wrong way round).
+fn check_mountpoint(mountpoint: &Path, allow_nonempty: bool) -> Result<()> {
+    let spool = crate::fs::spool::SPOOL_DIR;
+    if mountpoint.join(spool).symlink_metadata().is_ok() {
+        anyhow::bail!(
+            "{}: holds {spool}, so it is a ckptfs store, not a mountpoint \
+             (the arguments are STORE MOUNTPOINT)",
+            mountpoint.display()
+        );
+    }
+    if allow_nonempty {
+        return Ok(());
+    }
+    let first = std::fs::read_dir(mountpoint)
+        .with_context(|| mountpoint.display().to_string())?
+        .next()
+        .transpose()
+        .with_context(|| mountpoint.display().to_string())?;
+    if let Some(e) = first {
+        anyhow::bail!(
+            "{}: not empty (it holds {:?}, among others); the mount would hide what is \
+             there: mount on an empty directory, or pass --allow-nonempty \
+             (the arguments are STORE MOUNTPOINT)",
+            mountpoint.display(),
+            e.file_name()
+        );
+    }
+    Ok(())
+}
+
+/// Opens `/dev/fuse` as fuser will, so that a user who may not gets one
+/// line naming the device and what to do, not fuser's bare EACCES.
+fn check_dev_fuse() -> Result<()> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(anyhow::anyhow!(dev_fuse_error(&e))),
+    }
+}
+
+/// What to say when `/dev/fuse` cannot be opened.
+fn dev_fuse_error(e: &std::io::Error) -> String {
+    let what = match e.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            "this user may not open it: ask an administrator to make it \
+             crw-rw-rw- (mode 0666, the usual default: chmod 0666 /dev/fuse), or to add \
+             you to the group that owns it (ls -l /dev/fuse); in a container, start it \
+             with --device /dev/fuse"
+        }
+        Some(libc::ENOENT) | Some(libc::ENXIO) | Some(libc::ENODEV) => {
+            "no FUSE device: load the module (modprobe fuse) and install fuse3; \
+             in a container, start it with --device /dev/fuse --cap-add SYS_ADMIN"
+        }
+        _ => "FUSE needs read and write access to it",
+    };
+    format!("cannot open /dev/fuse ({e}): {what}")
 }
 
 /// Detaches the mount even while files are open (the daemon keeps serving
@@ -403,6 +523,7 @@ pub(super) fn foreground(
         libc::mallopt(libc::M_TRIM_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
+    check_mountpoint(&mountpoint, a.allow_nonempty)?;
     raise_open_file_limit();
     let n_threads = threads.unwrap_or_else(default_threads);
     // One writable daemon per store, taken before the spool is recovered
@@ -465,14 +586,12 @@ pub(super) fn foreground(
     // Registered before mounting, so a signal that arrives while the mount
     // comes up still unmounts it.
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
-    // Written before the mount appears (`ckptfs mount` returns as soon as
-    // it does, and `ckptfs umount` looks for the pid); removed when this
-    // function returns: after the last compression.
-    let _pid_file = PidFile::create(&mountpoint)
-        .with_context(|| format!("{}: pid file", mountpoint.display()))?;
+    // No outcome of an earlier daemon at this mountpoint is reported for
+    // this one (`ckptfs umount`).
     if let Err(e) = daemon_state::write_outcome(&mountpoint, &[]) {
         log::warn!("{}: {e}", daemon_state::outcome_path(&mountpoint).display());
     }
+    check_dev_fuse()?;
     let mut session = Session::new(CheckpointFuse::new(fs.clone()), &mountpoint, &config)
         .with_context(|| format!("{}: cannot mount", mountpoint.display()))?;
     // stat() of the mountpoint needs the session running: not on this thread.
@@ -559,50 +678,106 @@ impl log::Log for QuietGoneRequests {
 
 /// Unmounts, then waits until the daemon has finished (files closed just
 /// before are compressed first) and exited, so that a `mount` of the same
-/// store right after finds it free. `--lazy` detaches and returns at once.
+/// store right after finds it free; fails if the daemon left staged files
+/// uncompressed. The daemon is found from the mount (see
+/// [`daemon_state::daemon_pids`]). `--lazy` detaches and returns at once.
 pub fn umount(g: Global, a: UmountArgs) -> Result<ExitCode> {
-    let mp = a
-        .mountpoint
-        .canonicalize()
-        .with_context(|| a.mountpoint.display().to_string())?;
-    let pid = daemon_pid(&mp);
-    unmount_now(&mp, a.lazy)?;
-    let Some(pid) = pid.filter(|_| !a.lazy) else {
-        return Ok(ExitCode::SUCCESS);
+    // A mount whose daemon died answers ENOTCONN to the stat canonicalize
+    // needs: then the path as given, made absolute, is the mount point.
+    let mp = match a.mountpoint.canonicalize() {
+        Ok(p) => p,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => std::path::absolute(&a.mountpoint)
+            .with_context(|| a.mountpoint.display().to_string())?,
+        Err(e) => return Err(e).with_context(|| a.mountpoint.display().to_string()),
     };
+    let Some(entry) = mount_at(&mp) else {
+        anyhow::bail!("{}: not a mount point", mp.display());
+    };
+    if !entry.is_ckptfs() {
+        anyhow::bail!(
+            "{}: not a ckptfs mount (a {} mount of {}); use umount(8) or fusermount3 -u",
+            mp.display(),
+            entry.fstype,
+            unescape(&entry.source)
+        );
+    }
+    let pids = daemon_state::daemon_pids(&mp);
+    unmount_now(&mp, a.lazy)?;
+    if a.lazy {
+        return Ok(ExitCode::SUCCESS);
+    }
     let pb = if g.quiet || !std::io::stderr().is_terminal() {
         indicatif::ProgressBar::hidden()
     } else {
         indicatif::ProgressBar::new_spinner()
     };
-    pb.set_message(format!(
-        "waiting for the daemon (pid {pid}) to finish its work and exit"
-    ));
     let timeout = a.timeout.map(Duration::from_secs_f64);
-    let done = daemon_state::wait_exit(pid, timeout, &|_| pb.tick());
-    pb.finish_and_clear();
-    if !done {
-        anyhow::bail!(
-            "{}: unmounted, but the daemon (pid {pid}) is still finishing after {}s \
-             (compressing staged files; see its log {})",
-            mp.display(),
-            a.timeout.unwrap_or_default(),
-            log_path(&mp).display()
-        );
-    }
-    if let Some(left) = daemon_state::take_outcome(&mp, pid).filter(|l| !l.is_empty()) {
-        for l in &left {
-            eprintln!("ckptfs: not uploaded: {l}");
+    for &pid in &pids {
+        pb.set_message(format!(
+            "waiting for the daemon (pid {pid}) to finish its work and exit"
+        ));
+        let done = daemon_state::wait_exit(pid, timeout, &|_| pb.tick());
+        if !done {
+            pb.finish_and_clear();
+            anyhow::bail!(
+                "{}: unmounted, but the daemon (pid {pid}) is still finishing after {}s \
+                 (compressing staged files; see its log {})",
+                mp.display(),
+                a.timeout.unwrap_or_default(),
+                log_path(&mp).display()
+            );
         }
-        anyhow::bail!(
-            "{}: unmounted, but {} file(s) were not uploaded; they stay staged in the \
-             cache directory and the next mount of the store uploads them (log: {})",
-            mp.display(),
-            left.len(),
-            log_path(&mp).display()
-        );
+    }
+    pb.finish_and_clear();
+    // An `s3://` daemon records what it could not upload (its spool is in
+    // the cache directory); printed, and the exit is 1.
+    for &pid in &pids {
+        if let Some(left) = daemon_state::take_outcome(&mp, pid).filter(|l| !l.is_empty()) {
+            for l in &left {
+                eprintln!("ckptfs: not uploaded: {l}");
+            }
+            anyhow::bail!(
+                "{}: unmounted, but {} not uploaded; they stay staged in the \
+                 cache directory and the next mount of the store uploads them (log: {})",
+                mp.display(),
+                super::plural(left.len(), "file was", "files were"),
+                log_path(&mp).display()
+            );
+        }
+    }
+    // A writable daemon compresses every staged file before it exits; what
+    // is left in the spool is what it could not (kept there, retried by the
+    // next writable mount). A read-only mount has no spool of its own.
+    let store = unescape(entry.source.trim_start_matches("ckptfs:"));
+    let writable = entry.opts.split(',').any(|o| o == "rw");
+    if writable && !store.starts_with("s3://") {
+        let left = staged_left(Path::new(&store));
+        if left > 0 {
+            anyhow::bail!(
+                "{}: unmounted, but {} in {}/{} {} not compressed (kept; the next \
+                 writable mount retries them); see the daemon's log {}",
+                mp.display(),
+                super::plural(left, "staged file", "staged files"),
+                store,
+                crate::fs::spool::SPOOL_DIR,
+                if left == 1 { "was" } else { "were" },
+                log_path(&mp).display()
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The staged files in `store`'s spool (`ID.data`, each beside its
+/// `ID.path` record).
+fn staged_left(store: &Path) -> usize {
+    std::fs::read_dir(store.join(crate::fs::spool::SPOOL_DIR))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 fn unmount_now(mp: &Path, lazy: bool) -> Result<()> {
@@ -614,10 +789,12 @@ fn unmount_now(mp: &Path, lazy: bool) -> Result<()> {
         // SAFETY: `c` is a valid NUL-terminated path.
         if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
             let e = std::io::Error::last_os_error();
-            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
-                " (files are open; --lazy detaches now and finishes when they close)"
-            } else {
-                ""
+            let hint = match e.raw_os_error() {
+                Some(libc::EBUSY) => {
+                    " (files are open; --lazy detaches now and finishes when they close)"
+                }
+                Some(libc::EINVAL) => " (not a mount point)",
+                _ => "",
             };
             anyhow::bail!("{}: {e}{hint}", mp.display());
         }
@@ -638,6 +815,18 @@ fn unmount_now(mp: &Path, lazy: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dev_fuse_errors_name_the_device_and_what_to_do() {
+        let denied = dev_fuse_error(&std::io::Error::from_raw_os_error(libc::EACCES));
+        assert!(
+            denied.starts_with("cannot open /dev/fuse (Permission denied"),
+            "{denied}"
+        );
+        assert!(denied.contains("chmod 0666 /dev/fuse"), "{denied}");
+        let missing = dev_fuse_error(&std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(missing.contains("modprobe fuse"), "{missing}");
+    }
 
     #[test]
     fn sizes() {

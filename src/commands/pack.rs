@@ -65,10 +65,10 @@ pub fn pack_file(
 
 fn report(input: &Path, output: &Path, s: &PackStats, secs: f64) {
     eprintln!(
-        "{} -> {}: {} tensors ({} unique), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
+        "{} -> {}: {} ({} unique), {} -> {} bytes, ratio {:.4}, {:.0} MB/s",
         input.display(),
         super::s3::shown(output),
-        s.tensors,
+        super::plural(s.tensors, "tensor", "tensors"),
         s.unique,
         s.raw_bytes,
         s.stored_bytes,
@@ -148,8 +148,13 @@ pub fn pack_tree(
     opts: PackOptions,
     force: bool,
 ) -> Result<(u64, u64)> {
-    if !src.is_dir() {
-        return Err(anyhow::anyhow!("{}: not a directory", src.display()));
+    // metadata, not is_dir: a missing SRC must say so.
+    let m = fs::metadata(src).with_context(|| src.display().to_string())?;
+    if !m.is_dir() {
+        return Err(anyhow::anyhow!(
+            "{}: not a directory (-r packs a model directory)",
+            src.display()
+        ));
     }
     let (mut raw, mut stored) = (0u64, 0u64);
     let mut stack = vec![PathBuf::new()];

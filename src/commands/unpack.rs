@@ -61,10 +61,34 @@ pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
         return Err(super::z4delta::base_not_applicable(&a.input));
     }
     let input = open_input(&a.input)?;
+    let to_stdout = a.output.as_deref() == Some(Path::new("-"));
     match input {
+        Input::Archive(archive) if !is_single_file(&*archive) && to_stdout => {
+            return Err(anyhow::anyhow!(
+                "{}: holds a model directory ({} files), which cannot go to standard output \
+                 (-o -): give -o DIR",
+                a.input.display(),
+                archive.files()
+            ));
+        }
         Input::Archive(archive) if !is_single_file(&*archive) => {
             let out = a.output.unwrap_or_else(|| default_dir(&a.input));
             unpack_dir(g, &*archive, &out, a.force)?;
+        }
+        Input::Archive(archive) if to_stdout => {
+            let pb = progress(g, archive.logical_len(0), "unpack");
+            to_standard_output(|w| {
+                write_to(&*archive, 0, w, &|n| pb.inc(n)).map_err(std::io::Error::other)
+            })?;
+            pb.finish_and_clear();
+        }
+        Input::Frame(map) if to_stdout => {
+            Frame::parse(&map).with_context(|| a.input.display().to_string())?;
+            to_standard_output(|w| {
+                write_frame(&map, &a.input, w)
+                    .map(|_| ())
+                    .map_err(std::io::Error::other)
+            })?;
         }
         Input::Archive(archive) => {
             let out = a.output.unwrap_or_else(|| default_output(&a.input, false));
@@ -90,6 +114,29 @@ pub fn run(g: Global, a: UnpackArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `-o -`: the decoded bytes to standard output, as tar and zstd do (and,
+/// as zstd does, not to a terminal).
+pub(super) fn to_standard_output(
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<()> {
+    write_standard_output(fill).context("standard output")
+}
+
+/// As [`to_standard_output`], the error as `fill` gave it.
+pub(super) fn write_standard_output(
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::io::{IsTerminal, Write};
+    let out = std::io::stdout();
+    if out.is_terminal() {
+        return Err(std::io::Error::other(
+            "-o -: standard output is a terminal; redirect it to a file or a pipe",
+        ));
+    }
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, out.lock());
+    fill(&mut w).and_then(|()| w.flush())
 }
 
 /// An archive presenting one file under its own name (a `.zstn`).

@@ -1,10 +1,14 @@
-//! `ckptfs verify`: decode everything, check every structure and checksum.
+//! `ckptfs verify`: decode everything, check every structure and checksum;
+//! on a store directory, every archive in it and every delta relation.
 
 use super::{open_input, progress, Global, Input, Result};
 use crate::archive::{write_frame, ArchiveView};
 use crate::format::frame::Frame;
 use anyhow::Context as _;
+use rayon::prelude::*;
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// Checks one archive fully. Returns a one-line description on success.
 pub fn verify_archive(a: &dyn ArchiveView, g: Global) -> Result<String> {
@@ -15,17 +19,67 @@ pub fn verify_archive(a: &dyn ArchiveView, g: Global) -> Result<String> {
     Ok(line)
 }
 
+/// `verify STORE`: every archive in the store decoded and checked, in
+/// parallel under one progress bar (a delta against its base inside the
+/// store), then every delta relation. Prints one line per archive, in
+/// name order, and a summary naming each failed file; returns the number
+/// of failures.
+fn verify_store(g: Global, store: &Path) -> Result<usize> {
+    let root = store
+        .canonicalize()
+        .with_context(|| store.display().to_string())?;
+    let paths = super::delta::store_archives(&root)?;
+    let opened: Vec<Result<Arc<dyn ArchiveView>>> = paths
+        .par_iter()
+        .map(|p| super::delta::open_in_store(&root, p))
+        .collect();
+    let total = opened
+        .iter()
+        .flatten()
+        .map(|a| (0..a.files()).map(|i| a.logical_len(i)).sum::<u64>())
+        .sum();
+    let pb = progress(g, total, &format!("verify {}", store.display()));
+    let results: Vec<Result<String>> = opened
+        .into_par_iter()
+        .map(|a| Ok(crate::archive::verify(&*a?, &|n| pb.inc(n))?))
+        .collect();
+    pb.finish_and_clear();
+    let mut bad = Vec::new();
+    for (p, r) in paths.iter().zip(results) {
+        let shown = p.strip_prefix(&root).unwrap_or(p).display().to_string();
+        match r {
+            Ok(msg) => println!("OK    {shown}: {msg}"),
+            Err(e) => {
+                // Errors name the full path; the store-relative one is enough.
+                let e = super::one_line(&*e);
+                let full = p.display().to_string();
+                match e.strip_prefix(&full) {
+                    Some(rest) => println!("FAIL  {shown}{rest}"),
+                    None => println!("FAIL  {shown}: {e}"),
+                }
+                bad.push(shown);
+            }
+        }
+    }
+    let (n, bad_rel) = super::delta::verify_store(&root)?;
+    println!(
+        "{}: {} verified, {} failed; {} checked, {bad_rel} failed",
+        store.display(),
+        super::plural(paths.len(), "archive", "archives"),
+        bad.len(),
+        super::plural(n, "delta relation", "delta relations"),
+    );
+    if !bad.is_empty() {
+        println!("{}: failed: {}", store.display(), bad.join(", "));
+    }
+    Ok(bad.len() + bad_rel)
+}
+
 pub fn run(g: Global, a: crate::cli::VerifyArgs) -> Result<ExitCode> {
     let mut failed = 0;
     for path in &a.files {
         if path.is_dir() {
-            // A store: every delta relation in it.
-            let (n, bad) = super::delta::verify_store(path)?;
-            println!(
-                "{}: {n} delta relations checked, {bad} failed",
-                super::s3::shown(path)
-            );
-            failed += bad;
+            failed += verify_store(g, path)?;
             continue;
         }
         let delta = super::z4delta::peek(path);

@@ -86,6 +86,24 @@ pub fn unpack(
     let bytes = map(input)?;
     let base = Base::open(base)?;
     let out = output.unwrap_or_else(|| default_output(input, kind));
+    if out == Path::new("-") {
+        // `-o -`: standard output, as for any archive.
+        let r = match kind {
+            DeltaKind::Z4dm => {
+                let r = Z4dmReader::open(input, &bytes, &base)?;
+                super::unpack::write_standard_output(|w| {
+                    r.write_to(w, &|_| {}).map_err(std::io::Error::other)
+                })
+            }
+            DeltaKind::Z4dl => {
+                let r = Z4dlReader::open(input, &bytes, &base)?;
+                super::unpack::write_standard_output(|w| {
+                    r.write_to(w).map_err(std::io::Error::other)
+                })
+            }
+        };
+        return r.map_err(|e| unwrap_delta(e, "standard output"));
+    }
     let oname = out.display().to_string();
     match kind {
         DeltaKind::Z4dm => {

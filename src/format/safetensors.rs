@@ -187,6 +187,9 @@ pub enum HeaderError {
     TooShort(u64),
     #[error("header length {0} exceeds the 100,000,000-byte limit")]
     HeaderTooLarge(u64),
+    /// The first 8 bytes are not a header length at all.
+    #[error("not a safetensors file: it looks like {0} (a safetensors file starts with an 8-byte header length, then a JSON header)")]
+    NotSafetensors(String),
     #[error("header length {len} runs past the end of the file ({file} bytes)")]
     HeaderPastEnd { len: u64, file: u64 },
     #[error("header is not valid UTF-8 JSON: {0}")]
@@ -245,7 +248,10 @@ pub fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, HeaderError> {
     }
     let n = u64::from_le_bytes(prefix[..8].try_into().unwrap());
     if n > MAX_HEADER_LEN {
-        return Err(HeaderError::HeaderTooLarge(n));
+        return Err(match looks_like(prefix) {
+            Some(kind) => HeaderError::NotSafetensors(kind),
+            None => HeaderError::HeaderTooLarge(n),
+        });
     }
     if n > file_len - 8 {
         return Err(HeaderError::HeaderPastEnd {
@@ -254,6 +260,41 @@ pub fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, HeaderError> {
         });
     }
     Ok(n)
+}
+
+/// What a file whose first 8 bytes are no plausible header length looks
+/// like, from the bytes it starts with, if that says anything: JSON, text,
+/// or a format people mistake for safetensors. A real length below the
+/// limit has zero high bytes, which text never has.
+fn looks_like(head: &[u8]) -> Option<String> {
+    let head = &head[..head.len().min(64)];
+    if head.starts_with(b"PK\x03\x04") {
+        return Some("a zip archive (a PyTorch .bin/.pt checkpoint?)".into());
+    }
+    if head.first() == Some(&0x80) && head.get(1).is_some_and(|v| (2..=5).contains(v)) {
+        return Some("a Python pickle (a PyTorch checkpoint?)".into());
+    }
+    if head.starts_with(b"GGUF") {
+        return Some("a GGUF file".into());
+    }
+    // Text: valid UTF-8 (a character cut at the end of the window aside)
+    // without control characters but whitespace.
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t,
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).ok()?,
+        Err(_) => return None,
+    };
+    if text.chars().any(|c| c.is_control() && !c.is_whitespace()) {
+        return None;
+    }
+    let body = text.trim_start_matches('\u{feff}').trim_start();
+    let start: String = body.chars().take(24).collect();
+    let kind = if body.starts_with('{') || body.starts_with('[') {
+        "JSON"
+    } else {
+        "text"
+    };
+    Some(format!("{kind} (it starts {start:?})"))
 }
 
 impl Header {
@@ -627,6 +668,23 @@ mod tests {
             header_len(&big, u64::MAX),
             Err(HeaderError::HeaderTooLarge(_))
         ));
+        // Files mistaken for safetensors are named for what they look like.
+        let json = b"{\n  \"architectures\": [\"LlamaForCausalLM\"]";
+        match header_len(json, 1000) {
+            Err(e @ HeaderError::NotSafetensors(_)) => {
+                let m = e.to_string();
+                assert!(m.starts_with("not a safetensors file: it looks like JSON (it starts \"{\\n  \\\"architectures"), "{m}");
+            }
+            r => panic!("{r:?}"),
+        }
+        match header_len(b"hello, world: not tensors", 1000) {
+            Err(HeaderError::NotSafetensors(k)) => assert!(k.starts_with("text"), "{k}"),
+            r => panic!("{r:?}"),
+        }
+        match header_len(b"PK\x03\x04\x14\0\0\0", 1000) {
+            Err(HeaderError::NotSafetensors(k)) => assert!(k.contains("zip"), "{k}"),
+            r => panic!("{r:?}"),
+        }
         let past = 100u64.to_le_bytes();
         assert!(matches!(
             header_len(&past, 50),

@@ -415,12 +415,13 @@ impl Beneath {
         rc(unsafe { libc::mkdirat(a.fd, a.name.as_ptr(), mode as libc::mode_t) })
     }
 
-    /// Creates the directories of `rel` that do not exist.
+    /// Creates the directories of `rel` that do not exist, mode 0755 (the
+    /// daemon runs with umask 0: 0777 would make them world-writable).
     pub fn create_dir_all(&self, rel: &Path) -> io::Result<()> {
         let mut cur = PathBuf::new();
         for c in rel.components() {
             cur.push(c);
-            match self.mkdir(&cur, 0o777) {
+            match self.mkdir(&cur, 0o755) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 r => r?,
             }

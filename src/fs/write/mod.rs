@@ -87,7 +87,15 @@ impl CheckpointFs {
         if !dir && namespace::is_archive_name(name) {
             // A regular file with this name in STORE is presented as an
             // archive under another name; refuse rather than surprise.
-            log::debug!("refusing to create {name:?}: names ending in .zstn/.blz are reserved");
+            // The caller sees only EPERM: the log says why and what to do.
+            log::warn!(
+                "refusing to create {:?} in the mount (EPERM): names ending in \
+                 .zstn, .zsame, .z4dm and .blz are the store's archives; copy an \
+                 archive into the store directory {} (a .blz then appears as a \
+                 directory, a .zstn as a .safetensors)",
+                rel.join(name),
+                self.store.path().display()
+            );
             return Err(FsError::ReservedName);
         }
         Ok(())
