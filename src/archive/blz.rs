@@ -98,19 +98,25 @@ impl BlzArchive {
     }
 
     pub(crate) fn from_backing(map: Backing, path: &Path) -> Result<BlzArchive> {
-        let parsed = blz::parse(map.bytes()).map_err(|source| ArchiveError::Blz {
-            path: path.to_path_buf(),
-            source,
+        let parsed = blz::parse(map.bytes()).map_err(|source| match source {
+            // Not the archive's fault: an I/O-like error, tried again later.
+            BlzError::OutOfMemory(_) => super::out_of_memory(path, source.to_string()),
+            source => ArchiveError::Blz {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         let h = &parsed.header;
-        let mut names: Vec<Option<String>> = vec![None; h.blobs.len()];
+        let oom = |e: crate::memory::OutOfMemory| super::out_of_memory(path, e.to_string());
+        let mut names: Vec<Option<String>> = crate::memory::try_vec(h.blobs.len()).map_err(oom)?;
+        names.resize(h.blobs.len(), None);
         let mut name = |i: u32, n: &dyn Fn() -> String| {
             let slot = &mut names[i as usize];
             if slot.is_none() {
                 *slot = Some(n());
             }
         };
-        let mut slots = Vec::with_capacity(h.files.len());
+        let mut slots = crate::memory::try_vec(h.files.len()).map_err(oom)?;
         for f in &h.files {
             let mut segments = Vec::new();
             let prefix_len;
@@ -176,14 +182,11 @@ impl BlzArchive {
                 prefix: OnceLock::new(),
             });
         }
-        let units = names
-            .into_iter()
-            .enumerate()
-            .map(|(i, n)| Unit {
-                name: n.unwrap_or_else(|| format!("blob {i} (unused)")),
-                grid: OnceLock::new(),
-            })
-            .collect();
+        let mut units = crate::memory::try_vec(names.len()).map_err(oom)?;
+        units.extend(names.into_iter().enumerate().map(|(i, n)| Unit {
+            name: n.unwrap_or_else(|| format!("blob {i} (unused)")),
+            grid: OnceLock::new(),
+        }));
         let r = &parsed.header_json;
         let trusted =
             blz::check_header_digest(&map.bytes()[r.start as usize..r.end as usize]).is_ok();

@@ -87,6 +87,16 @@ pub enum ArchiveError {
     Unrecognised { path: PathBuf, what: String },
 }
 
+/// An archive that could not be opened or read for want of memory: an
+/// I/O error (`ENOMEM` kind), so the mount answers EIO and tries again at
+/// the next access instead of keeping it as the archive's fault.
+pub(crate) fn out_of_memory(path: &Path, what: String) -> ArchiveError {
+    ArchiveError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, what),
+    }
+}
+
 impl ArchiveError {
     /// The message without the archive's path (the mount logs and
     /// answers it beside the path it already names).
