@@ -205,6 +205,12 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
     /// The checksums that cover every byte served, if any (the value of the
     /// mount's `user.ckptfs.checksums` attribute).
     fn checksums(&self) -> Option<&'static str>;
+    /// What the archive's checksums leave uncovered, when that is not
+    /// everything served but some of it (a BLAZE-X header without ckptfs's
+    /// digest): said by `verify`, `info` and the mount's log.
+    fn uncovered(&self) -> Option<&'static str> {
+        None
+    }
     /// A digest that changes whenever the presented content could: the
     /// archive's own checksum block, for an archive with checksums over
     /// every byte served (a delta records its base's, to recognise it
@@ -526,9 +532,12 @@ fn from_backing_in(
 /// damage is an error, never wrong bytes. A z4ai-written `.zstn` has none
 /// until `ckptfs seal` adds them.
 pub fn require_checksums<A: ArchiveView + ?Sized>(a: &A) -> Result<()> {
-    match a.checksums() {
-        Some(_) => Ok(()),
-        None => Err(a.integrity(
+    match (a.checksums(), a.uncovered()) {
+        (Some(_), None) => Ok(()),
+        (_, Some(what)) => Err(a.integrity(format!(
+            "not every byte is covered by a checksum ({what}; or mount without --require-checksums)"
+        ))),
+        (None, None) => Err(a.integrity(
             "no checksums (z4ai-written): run `ckptfs seal` or mount without --require-checksums"
                 .into(),
         )),

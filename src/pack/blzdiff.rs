@@ -255,6 +255,7 @@ pub fn apply(
         sidecar_files: h.sidecar_files.clone(),
         tensors,
         data_sha256: sha.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        digest_member: None,
     };
     blazex::validate(&header, at).map_err(|e| fail(patch_path, e.to_string()))?;
     let json = blazex::render_header(&header);
