@@ -196,6 +196,14 @@ fn a_damaged_tensor_is_named_by_verify_and_unpack_writes_no_model() {
     assert_eq!(String::from_utf8_lossy(&u.stderr).lines().count(), 1);
     assert!(text(&u).contains(name), "{}", text(&u));
     assert!(!out.join("model.safetensors").exists());
+    // Nothing left behind: no output directory, no temporary one.
+    assert!(!out.exists(), "a failed unpack left its output directory");
+    let left: Vec<String> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".out."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Each hostile variant of the fixture: what to change, and what the one

@@ -34,6 +34,7 @@ pub mod blazex;
 pub mod blz;
 pub mod delta;
 pub mod frame_block;
+pub mod path_index;
 mod pipeline;
 pub mod sparse_cache;
 pub mod zstn;
@@ -350,6 +351,25 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
         dirs.sort();
         dirs.dedup();
         dirs
+    }
+
+    /// True when `path` is a directory of the archive (holds a file).
+    fn is_dir(&self, path: &str) -> bool {
+        self.directories()
+            .binary_search_by(|d| d.as_str().cmp(path))
+            .is_ok()
+    }
+
+    /// The entries directly in directory `dir` ("" for the root): (name,
+    /// is a directory), sorted by name. By default a scan of every path
+    /// (an archive of many files keeps an index: `path_index`).
+    fn children(&self, dir: &str) -> Vec<(String, bool)> {
+        path_index::scan_children((0..self.files()).map(|i| self.file_path(i)), dir)
+    }
+
+    /// The sum of the presented files' sizes.
+    fn total_logical_len(&self) -> u64 {
+        (0..self.files()).map(|i| self.logical_len(i)).sum()
     }
 }
 
