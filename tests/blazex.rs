@@ -848,3 +848,36 @@ fn an_archive_without_a_header_digest_says_so_and_seal_adds_one_blazex_still_rea
         text(&v)
     );
 }
+
+#[test]
+fn apply_reproduces_the_target_archive_byte_for_byte() {
+    let (tmp, base, target) = patch_pair();
+    // Spellings serde_json would change: a float as Python writes it, an
+    // escaped character, and the writer's own created_at.
+    fs::write(
+        tmp.path().join("target/config.json"),
+        "{\"model_type\": \"llama\", \"rms_norm_eps\": 1e-05, \"name\": \"mod\\u00e8le/\\\\x\"}",
+    )
+    .unwrap();
+    py("pack", &tmp.path().join("target"), &target);
+    let want = fs::read(&target).unwrap();
+    assert!(String::from_utf8_lossy(&want).contains("1e-05"));
+    let patch = tmp.path().join("p.blzdiff");
+    patch_py(&base, &target, &patch, &["2"]);
+    let out = tmp.path().join("out.blz");
+    let a = ckptfs(&[
+        "apply",
+        base.to_str().unwrap(),
+        patch.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(a.status.success(), "{}", text(&a));
+    let got = fs::read(&out).unwrap();
+    let hl = |b: &[u8]| u64::from_le_bytes(b[12..20].try_into().unwrap()) as usize;
+    assert_eq!(
+        String::from_utf8_lossy(&got[20..20 + hl(&got)]),
+        String::from_utf8_lossy(&want[20..20 + hl(&want)])
+    );
+    assert!(got == want, "the data sections differ");
+}

@@ -572,5 +572,7 @@ pub fn render_safetensors_header(tensors: &[TensorEntry]) -> (Vec<u8>, Vec<u64>)
     (out, offsets)
 }
 
+pub mod pretty;
+
 #[cfg(test)]
 mod tests;
