@@ -212,6 +212,28 @@ impl<E> Drop for FlightGuard<'_, E> {
     }
 }
 
+/// When an allocation fails ([`crate::memory`]), every cached block is
+/// dropped: they are all decoded again on demand. Blocks being loaded and
+/// blocks a reader still holds stay (their memory is in use).
+impl<E: Send + Sync + 'static> crate::memory::Relieve for BlockCache<E> {
+    fn relieve(&self) -> u64 {
+        let (lru, served, large) = {
+            let mut i = self.inner.lock();
+            let lru = std::mem::replace(&mut i.lru, LruCache::unbounded());
+            let served = std::mem::replace(&mut i.served, LruCache::unbounded());
+            i.bytes = 0;
+            i.served_bytes = 0;
+            (lru, served, i.large.take())
+        };
+        // Freed outside the lock; nothing goes back to the buffer pool.
+        let freed: u64 = lru.iter().map(|(_, e)| e.block.len() as u64).sum::<u64>()
+            + served.iter().map(|(_, b)| b.len() as u64).sum::<u64>()
+            + large.as_ref().map_or(0, |(_, b)| b.len() as u64);
+        drop((lru, served, large));
+        freed
+    }
+}
+
 impl<E> BlockCache<E> {
     pub fn new(budget_bytes: u64) -> Self {
         BlockCache {
@@ -426,6 +448,26 @@ mod tests {
         assert_eq!(v2[0], 2);
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.blocks, s.bytes), (1, 2, 2, 20));
+    }
+
+    #[test]
+    fn relief_gives_back_every_cached_block_but_those_still_held() {
+        use crate::memory::Relieve;
+        let c: BlockCache<String> = BlockCache::new(300);
+        let held = c.get_or_load(key(1, 0), || Ok(vec![1; 100])).unwrap();
+        c.get_or_load(key(1, 1), || Ok(vec![2; 100])).unwrap();
+        // Larger than half the budget: the side slot.
+        c.get_or_load(key(1, 2), || Ok(vec![3; 200])).unwrap();
+        assert_eq!(c.relieve(), 400);
+        assert_eq!((c.stats().bytes, c.stats().blocks), (0, 0));
+        for b in 0..3 {
+            assert!(c.peek(&key(1, b)).is_none());
+        }
+        // A reader's block stays valid; the next load decodes again.
+        assert_eq!(held[0], 1);
+        let again = c.get_or_load(key(1, 0), || Ok(vec![1; 100])).unwrap();
+        assert_eq!(c.stats().misses, 4);
+        assert_eq!(*again, *held);
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub struct VerifyArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct SealArgs {
-    /// The .zstn files to seal (already checksummed ones are left as they are).
+    /// The .zstn files (or BLAZE-X .blz archives: a header digest) to seal (already checksummed ones are left as they are).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// The sha256 (64 hex digits) the presented .safetensors must have; on a mismatch nothing is written (one FILE only).

@@ -13,6 +13,7 @@ pub mod format;
 pub mod fs;
 pub mod fsutil;
 pub mod fuse;
+pub mod memory;
 pub mod model;
 pub mod pack;
 pub mod store;

@@ -196,6 +196,14 @@ fn a_damaged_tensor_is_named_by_verify_and_unpack_writes_no_model() {
     assert_eq!(String::from_utf8_lossy(&u.stderr).lines().count(), 1);
     assert!(text(&u).contains(name), "{}", text(&u));
     assert!(!out.join("model.safetensors").exists());
+    // Nothing left behind: no output directory, no temporary one.
+    assert!(!out.exists(), "a failed unpack left its output directory");
+    let left: Vec<String> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".out."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Each hostile variant of the fixture: what to change, and what the one
@@ -386,6 +394,13 @@ fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer()
     let (mut h, data) = split(&bytes);
     let (mut h2, data2) = split(&fs::read(&theirs).unwrap());
     assert!(data == data2, "data sections differ");
+    // ckptfs's header digest: the last member, which blazex skips.
+    let digest = h
+        .as_object_mut()
+        .unwrap()
+        .shift_remove("ckptfs_header_xxh3")
+        .expect("a header digest");
+    assert_eq!(digest.as_str().unwrap().len(), 16, "{digest}");
     h["created_at"] = json!(0);
     h2["created_at"] = json!(0);
     assert_eq!(h, h2);
@@ -402,6 +417,7 @@ fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer()
         "\"sidecar_files\"",
         "\"tensors\"",
         "\"data_sha256\"",
+        "\"ckptfs_header_xxh3\"",
     ]
     .iter()
     .map(|k| text_h.find(k).unwrap())
@@ -703,4 +719,165 @@ fn diff_and_apply_take_model_directories_and_ckptfs_archives_too() {
         .iter()
         .all(|f| !f.starts_with(".ckptfs-patch-")));
     let _ = base;
+}
+
+/// Every presented file of `a`, read whole (None where a read fails).
+fn read_all(a: &dyn ckptfs::archive::ArchiveView) -> Vec<(String, Option<Vec<u8>>)> {
+    (0..a.files())
+        .map(|i| {
+            let mut buf = vec![0u8; a.logical_len(i) as usize];
+            let r = a.read_at(i, 0, &mut buf).ok().filter(|&n| n == buf.len());
+            (a.file_path(i).to_string(), r.map(|_| buf))
+        })
+        .collect()
+}
+
+#[test]
+fn every_flipped_header_byte_of_a_ckptfs_written_archive_fails_or_reads_the_original() {
+    use ckptfs::archive::BlazexArchive;
+    let (tmp, src, _) = fixture();
+    let ours = tmp.path().join("ours.blz");
+    let p = ckptfs(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        ours.to_str().unwrap(),
+        "--format",
+        "blazex",
+    ]);
+    assert!(p.status.success(), "{}", text(&p));
+    let bytes = fs::read(&ours).unwrap();
+    let good = read_all(&BlazexArchive::from_bytes(bytes.clone(), &ours).unwrap());
+    assert!(good.iter().all(|(_, b)| b.is_some()));
+    let header_end = 20 + u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+    let (mut refused, mut wrong) = (0, Vec::new());
+    for at in 0..header_end {
+        for mask in [0x01u8, 0xff] {
+            let mut v = bytes.clone();
+            v[at] ^= mask;
+            let Ok(a) = BlazexArchive::from_bytes(v, &ours) else {
+                refused += 1;
+                continue;
+            };
+            for (path, got) in read_all(&a) {
+                let want = good.iter().find(|(p, _)| *p == path);
+                match (got, want) {
+                    (None, _) => {}
+                    (Some(g), Some((_, Some(w)))) if g == *w => {}
+                    _ => wrong.push(format!("byte {at} ^ {mask:#04x}: {path}")),
+                }
+            }
+        }
+    }
+    eprintln!("{refused} of {} flips refused at open", 2 * header_end);
+    assert!(
+        wrong.is_empty(),
+        "{} wrong files served: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+}
+
+#[test]
+fn an_archive_without_a_header_digest_says_so_and_seal_adds_one_blazex_still_reads() {
+    let (tmp, _src, theirs) = fixture();
+    let before = fs::read(&theirs).unwrap();
+    // Written as blazex writes: verify says what no checksum covers.
+    let v = ckptfs(&["verify", theirs.to_str().unwrap()]);
+    assert!(v.status.success(), "{}", text(&v));
+    let out = String::from_utf8_lossy(&v.stdout);
+    assert!(out.contains("NOT verified: the header"), "{out}");
+    let i = ckptfs(&["info", theirs.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&i.stdout).contains("tensors only (xxh3)"),
+        "{}",
+        text(&i)
+    );
+    let a = ckptfs::archive::open(&theirs).unwrap();
+    let e = ckptfs::archive::require_checksums(&*a)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ckptfs seal"), "{e}");
+
+    let s = ckptfs(&["seal", theirs.to_str().unwrap()]);
+    assert!(s.status.success(), "{}", text(&s));
+    assert!(
+        String::from_utf8_lossy(&s.stdout).contains("sealed (BLAZE-X"),
+        "{}",
+        text(&s)
+    );
+    let after = fs::read(&theirs).unwrap();
+    // Only the header grew: blazex's bytes, the digest member, the same data.
+    let (h0, d0) = split(&before);
+    let (mut h1, d1) = split(&after);
+    assert!(d0 == d1);
+    h1.as_object_mut()
+        .unwrap()
+        .shift_remove("ckptfs_header_xxh3")
+        .unwrap();
+    assert_eq!(h0, h1);
+    let v = ckptfs(&["verify", theirs.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        v.status.success() && out.contains("header digest (ckptfs_header_xxh3) verified"),
+        "{out}"
+    );
+    let a = ckptfs::archive::open(&theirs).unwrap();
+    ckptfs::archive::require_checksums(&*a).unwrap();
+    // The independent reader (which skips unknown members, as blazex's
+    // serde header does) exports the same directory.
+    let x = tmp.path().join("x");
+    py("export", &theirs, &x);
+    // Sealing again changes nothing.
+    let s = ckptfs(&["seal", theirs.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&s.stdout).contains("already sealed"),
+        "{}",
+        text(&s)
+    );
+    assert!(fs::read(&theirs).unwrap() == after);
+    // A flipped byte of the sealed header now fails the open, in one line.
+    let mut bad = after.clone();
+    bad[40] ^= 0x20;
+    fs::write(&theirs, &bad).unwrap();
+    let v = ckptfs(&["verify", theirs.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    assert!(
+        String::from_utf8_lossy(&v.stdout).contains("header digest"),
+        "{}",
+        text(&v)
+    );
+}
+
+#[test]
+fn apply_reproduces_the_target_archive_byte_for_byte() {
+    let (tmp, base, target) = patch_pair();
+    // Spellings serde_json would change: a float as Python writes it, an
+    // escaped character, and the writer's own created_at.
+    fs::write(
+        tmp.path().join("target/config.json"),
+        "{\"model_type\": \"llama\", \"rms_norm_eps\": 1e-05, \"name\": \"mod\\u00e8le/\\\\x\"}",
+    )
+    .unwrap();
+    py("pack", &tmp.path().join("target"), &target);
+    let want = fs::read(&target).unwrap();
+    assert!(String::from_utf8_lossy(&want).contains("1e-05"));
+    let patch = tmp.path().join("p.blzdiff");
+    patch_py(&base, &target, &patch, &["2"]);
+    let out = tmp.path().join("out.blz");
+    let a = ckptfs(&[
+        "apply",
+        base.to_str().unwrap(),
+        patch.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(a.status.success(), "{}", text(&a));
+    let got = fs::read(&out).unwrap();
+    let hl = |b: &[u8]| u64::from_le_bytes(b[12..20].try_into().unwrap()) as usize;
+    assert_eq!(
+        String::from_utf8_lossy(&got[20..20 + hl(&got)]),
+        String::from_utf8_lossy(&want[20..20 + hl(&want)])
+    );
+    assert!(got == want, "the data sections differ");
 }

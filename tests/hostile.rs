@@ -477,3 +477,135 @@ fn a_zstn_of_a_million_tensors_opens_lists_and_reads_within_memory() {
     let st = m.unmount();
     assert!(st.is_some_and(|s| s.success()), "{st:?}: {}", m.log_text());
 }
+
+// ---------------------------------------------------------------------
+// Large archives one after another (issue 40, item 6).
+
+/// `z_8x256m.zstn`: eight 256 MiB U8 tensors, tensor `i` all bytes `i`,
+/// each one frame of one block (as z4ai writes whole tensors), zstd RLE.
+fn eight_256m(dir: &Path) -> PathBuf {
+    const LEN: u64 = 256 * MIB;
+    let names: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+    let frames: Vec<(&str, u64, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let f = z4ai_opaque_frame(1, LEN, &zstd_rle_frame(LEN, i as u8));
+            (n.as_str(), LEN, f)
+        })
+        .collect();
+    let p = dir.join("z_8x256m.zstn");
+    std::fs::write(&p, zstn_of_frames(&frames)).unwrap();
+    p
+}
+
+/// `b_1e6_files.blz`: a ckptfs `.blz` of 10^6 small text files,
+/// `dNNN/fNNNNNN` (1000 directories of 1000), file `k` holding `"k\n"`.
+fn million_files(dir: &Path) -> PathBuf {
+    use ckptfs::format::blz::{
+        render_header, render_prelude, Content, Digest, FileEntry, Header, Stored,
+    };
+    use xxhash_rust::xxh3::xxh3_64;
+    let files = (0..MILLION)
+        .map(|k| {
+            let text = format!("{k}\n");
+            FileEntry {
+                path: format!("d{:03}/f{k:06}", k / 1000),
+                size: text.len() as u64,
+                content: Content::Plain {
+                    xxh3: Digest(xxh3_64(text.as_bytes())),
+                    stored: Stored::Text(text),
+                },
+            }
+        })
+        .collect();
+    let h = Header {
+        data_length: 0,
+        // SHA-256 of no bytes.
+        data_sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
+        files,
+        blobs: vec![],
+        header_xxh3: Digest(0),
+    };
+    let json = render_header(&h);
+    let mut v = render_prelude(json.len() as u64).to_vec();
+    v.extend_from_slice(&json);
+    let p = dir.join("b_1e6_files.blz");
+    std::fs::write(&p, v).unwrap();
+    p
+}
+
+/// Reads `path` whole in 4 MiB pieces, handing each to `check` with its
+/// offset; returns the bytes read.
+fn read_through(path: &Path, check: &mut dyn FnMut(u64, &[u8])) -> u64 {
+    let f = File::open(path).unwrap();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = f.read_at(&mut buf, at).unwrap();
+        if n == 0 {
+            return at;
+        }
+        check(at, &buf[..n]);
+        at += n as u64;
+    }
+}
+
+#[test]
+fn large_archives_in_turn_leave_the_daemon_up_under_a_memory_limit() {
+    let mut original = PathBuf::new();
+    let mut m = Mount::new(
+        |store| {
+            let (_, st) = million(store);
+            std::fs::rename(store.join("million.zstn"), store.join("z_1e6_tensors.zstn")).unwrap();
+            original = store.join("../million.safetensors");
+            std::fs::rename(st, &original).unwrap();
+            eight_256m(store);
+            million_files(store);
+        },
+        &[],
+    );
+    limit_daemon(&m);
+    // 1. The archive of 10^6 tensors, whole.
+    let want = std::fs::read(&original).unwrap();
+    let n = read_through(&m.path("z_1e6_tensors.safetensors"), &mut |at, b| {
+        assert!(b == &want[at as usize..at as usize + b.len()], "at {at}");
+    });
+    assert_eq!(n, want.len() as u64);
+    drop(want);
+    assert_alive(&mut m);
+    // 2. Eight blocks of 256 MiB, whole.
+    let z = m.path("z_8x256m.safetensors");
+    let data_at = std::fs::metadata(&z).unwrap().len() - 8 * 256 * MIB;
+    let len = read_through(&z, &mut |at, b| {
+        // Pieces cross tensor boundaries: each byte against its tensor.
+        for (k, &x) in b.iter().enumerate() {
+            let pos = at + k as u64;
+            if pos >= data_at {
+                let t = ((pos - data_at) / (256 * MIB)) as u8;
+                assert!(x == t, "tensor {t} at {pos}: {x}");
+            }
+        }
+    });
+    assert_eq!(len, data_at + 8 * 256 * MIB);
+    assert_alive(&mut m);
+    // 3. A directory of the archive of 10^6 files.
+    let mut names: Vec<String> = std::fs::read_dir(m.path("b_1e6_files/d000"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 1000);
+    assert_eq!(names[0], "f000000");
+    assert_eq!(
+        std::fs::read_to_string(m.path("b_1e6_files/d999/f999999")).unwrap(),
+        "999999\n"
+    );
+    assert_alive(&mut m);
+    let log = m.log_text();
+    for bad in ["memory allocation", "panicked"] {
+        assert!(!log.contains(bad), "{log}");
+    }
+    let st = m.unmount();
+    assert!(st.is_some_and(|s| s.success()), "{st:?}: {}", m.log_text());
+}

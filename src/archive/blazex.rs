@@ -24,6 +24,15 @@
 //! every read of its own bytes and nothing else. The data-section SHA-256
 //! is checked by `verify` only.
 //!
+//! BLAZE-X has no checksum over its header (config.json, tokenizer.json,
+//! the sidecars, the tensor names, dtypes and shapes). An archive ckptfs
+//! wrote (`pack --format blazex`) or sealed (`ckptfs seal`) ends its header
+//! with a digest member that blazex skips; [`blazex::parse`] checks it at
+//! open, so a damaged header fails the open. Without one
+//! ([`HeaderCover::Uncovered`], what blazex writes), [`ArchiveView::checksums`]
+//! is None (`--require-checksums` refuses it) and [`ArchiveView::uncovered`]
+//! says what no checksum covers (verify, info and the mount's log say it).
+//!
 //! Over a remote object's local copy (`Backing::Remote`), opening has
 //! fetched the prelude and the header only (`super::remote_metadata`), so
 //! listing the directory and reading `config.json`, `tokenizer.json` or a
@@ -36,7 +45,7 @@
 
 use super::frame_block::{block_index, io_error, shared_grid, GridCell};
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
-use crate::format::blazex::{self, Header, Parsed, TensorEntry};
+use crate::format::blazex::{self, Header, HeaderCover, Parsed, TensorEntry};
 use crate::format::digest::xxh3_64;
 use crate::store::remote::Pin;
 use base64::Engine as _;
@@ -46,6 +55,9 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+
+/// What no checksum covers in an archive without ckptfs's header digest.
+pub const UNCOVERED: &str = "the header (config.json, tokenizer.json, the sidecars, tensor names, dtypes and shapes) has no checksum in BLAZE-X; `ckptfs seal` adds one";
 
 /// Block size of a tensor's grid (plain bytes: a block is a copy).
 const BLOCK: u64 = 1 << 20;
@@ -112,9 +124,15 @@ impl BlazexArchive {
     }
 
     pub(crate) fn from_backing(map: Backing, path: &Path) -> Result<BlazexArchive> {
-        let parsed = blazex::parse(map.bytes()).map_err(|source| ArchiveError::Blazex {
-            path: path.to_path_buf(),
-            source,
+        let parsed = blazex::parse(map.bytes()).map_err(|source| match source {
+            // Not the archive's fault: an I/O-like error, tried again later.
+            blazex::BlazexError::OutOfMemory { .. } => {
+                super::out_of_memory(path, source.to_string())
+            }
+            source => ArchiveError::Blazex {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         let h = &parsed.header;
         let (model_prefix, offsets) = blazex::render_safetensors_header(&h.tensors);
@@ -184,6 +202,16 @@ impl BlazexArchive {
 
     pub fn tensors(&self) -> &[TensorEntry] {
         &self.parsed.header.tensors
+    }
+
+    /// The whole archive's bytes (present only for a local file).
+    pub fn stored_bytes(&self) -> &[u8] {
+        self.map.bytes()
+    }
+
+    /// Whether ckptfs's header digest covers the header.
+    pub fn cover(&self) -> HeaderCover {
+        self.parsed.cover
     }
 
     /// Offset of DATA in the file.
@@ -315,7 +343,16 @@ impl ArchiveView for BlazexArchive {
         self.map.bytes().len() as u64
     }
     fn checksums(&self) -> Option<&'static str> {
-        Some("xxh3")
+        match self.cover() {
+            HeaderCover::Sealed => Some("xxh3"),
+            HeaderCover::Uncovered => None,
+        }
+    }
+    fn uncovered(&self) -> Option<&'static str> {
+        match self.cover() {
+            HeaderCover::Sealed => None,
+            HeaderCover::Uncovered => Some(UNCOVERED),
+        }
     }
     fn files(&self) -> usize {
         self.files.len()
@@ -417,8 +454,17 @@ impl ArchiveView for BlazexArchive {
     fn verify_finish(&self, _digests: &[u64]) -> Result<String> {
         self.verify_data_sha256()?;
         let raw: u64 = self.tensors().iter().map(|t| t.data_len).sum();
+        let covered = match self.cover() {
+            HeaderCover::Sealed => format!(
+                "every tensor's xxh3, the data SHA-256 and the header digest ({}) verified",
+                blazex::DIGEST_KEY
+            ),
+            HeaderCover::Uncovered => format!(
+                "every tensor's xxh3 and the data SHA-256 verified; NOT verified: {UNCOVERED}"
+            ),
+        };
         Ok(format!(
-            "BLAZE-X v1: {} files, {} tensors, {} data bytes in {} stored, every tensor's xxh3 and the data SHA-256 verified",
+            "BLAZE-X v1: {} files, {} tensors, {} data bytes in {} stored, {covered}",
             self.files(),
             self.tensors().len(),
             raw,

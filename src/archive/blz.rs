@@ -22,6 +22,7 @@ use super::frame_block::{
     block_index, damaged_payload, decode_refetching_once, decode_remote_frame_block,
     decode_unit_block, frame_grid, frame_unit_grid, io_error, GridCell, GridError,
 };
+use super::path_index::PathIndex;
 use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
 use crate::format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
@@ -71,6 +72,9 @@ pub struct BlzArchive {
     /// own tensor or file digest before its first byte is served, so a
     /// damaged header fails only the reads it actually affects.
     trusted: bool,
+    /// The paths indexed, built on first use (a lookup or listing); not
+    /// kept when it could not be allocated (scans answer meanwhile).
+    paths: parking_lot::Mutex<Option<Arc<PathIndex>>>,
 }
 
 impl std::fmt::Debug for BlzArchive {
@@ -98,19 +102,25 @@ impl BlzArchive {
     }
 
     pub(crate) fn from_backing(map: Backing, path: &Path) -> Result<BlzArchive> {
-        let parsed = blz::parse(map.bytes()).map_err(|source| ArchiveError::Blz {
-            path: path.to_path_buf(),
-            source,
+        let parsed = blz::parse(map.bytes()).map_err(|source| match source {
+            // Not the archive's fault: an I/O-like error, tried again later.
+            BlzError::OutOfMemory(_) => super::out_of_memory(path, source.to_string()),
+            source => ArchiveError::Blz {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         let h = &parsed.header;
-        let mut names: Vec<Option<String>> = vec![None; h.blobs.len()];
+        let oom = |e: crate::memory::OutOfMemory| super::out_of_memory(path, e.to_string());
+        let mut names: Vec<Option<String>> = crate::memory::try_vec(h.blobs.len()).map_err(oom)?;
+        names.resize(h.blobs.len(), None);
         let mut name = |i: u32, n: &dyn Fn() -> String| {
             let slot = &mut names[i as usize];
             if slot.is_none() {
                 *slot = Some(n());
             }
         };
-        let mut slots = Vec::with_capacity(h.files.len());
+        let mut slots = crate::memory::try_vec(h.files.len()).map_err(oom)?;
         for f in &h.files {
             let mut segments = Vec::new();
             let prefix_len;
@@ -176,14 +186,11 @@ impl BlzArchive {
                 prefix: OnceLock::new(),
             });
         }
-        let units = names
-            .into_iter()
-            .enumerate()
-            .map(|(i, n)| Unit {
-                name: n.unwrap_or_else(|| format!("blob {i} (unused)")),
-                grid: OnceLock::new(),
-            })
-            .collect();
+        let mut units = crate::memory::try_vec(names.len()).map_err(oom)?;
+        units.extend(names.into_iter().enumerate().map(|(i, n)| Unit {
+            name: n.unwrap_or_else(|| format!("blob {i} (unused)")),
+            grid: OnceLock::new(),
+        }));
         let r = &parsed.header_json;
         let trusted =
             blz::check_header_digest(&map.bytes()[r.start as usize..r.end as usize]).is_ok();
@@ -201,7 +208,25 @@ impl BlzArchive {
             units,
             slots,
             trusted,
+            paths: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// The path index, built on first use; None when it cannot be
+    /// allocated now.
+    fn paths(&self) -> Option<Arc<PathIndex>> {
+        let mut p = self.paths.lock();
+        if p.is_none() {
+            let entries = self.entries();
+            match PathIndex::build(entries.len(), |i| &entries[i].path, |i| entries[i].size) {
+                Ok(ix) => *p = Some(Arc::new(ix)),
+                Err(e) => log::warn!(
+                    "{}: path index: {e} (scanning instead)",
+                    self.path.display()
+                ),
+            }
+        }
+        p.clone()
     }
 
     fn bytes(&self) -> &[u8] {
@@ -511,6 +536,44 @@ impl ArchiveView for BlzArchive {
     }
     fn checksums(&self) -> Option<&'static str> {
         Some("xxh3")
+    }
+    fn find(&self, path: &str) -> Option<usize> {
+        let e = self.entries();
+        match self.paths() {
+            Some(ix) => ix.find(|i| &e[i].path, path),
+            None => e.iter().position(|f| f.path == path),
+        }
+    }
+    fn directories(&self) -> Vec<String> {
+        match self.paths() {
+            Some(ix) => ix.directories().to_vec(),
+            None => {
+                super::path_index::scan_directories(self.entries().iter().map(|f| f.path.as_str()))
+            }
+        }
+    }
+    fn is_dir(&self, path: &str) -> bool {
+        match self.paths() {
+            Some(ix) => ix.is_dir(path),
+            None => self.entries().iter().any(|f| {
+                f.path
+                    .strip_prefix(path)
+                    .is_some_and(|rest| rest.starts_with('/'))
+            }),
+        }
+    }
+    fn children(&self, dir: &str) -> Vec<(String, bool)> {
+        let e = self.entries();
+        match self.paths() {
+            Some(ix) => ix.children(|i| &e[i].path, dir),
+            None => super::path_index::scan_children(e.iter().map(|f| f.path.as_str()), dir),
+        }
+    }
+    fn total_logical_len(&self) -> u64 {
+        match self.paths() {
+            Some(ix) => ix.total_len(),
+            None => self.entries().iter().map(|f| f.size).sum(),
+        }
     }
     fn files(&self) -> usize {
         self.slots.len()

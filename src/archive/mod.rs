@@ -34,6 +34,7 @@ pub mod blazex;
 pub mod blz;
 pub mod delta;
 pub mod frame_block;
+pub mod path_index;
 mod pipeline;
 pub mod sparse_cache;
 pub mod zstn;
@@ -85,6 +86,16 @@ pub enum ArchiveError {
     /// Not a kind of archive ckptfs reads.
     #[error("{path}: {what}")]
     Unrecognised { path: PathBuf, what: String },
+}
+
+/// An archive that could not be opened or read for want of memory: an
+/// I/O error (`ENOMEM` kind), so the mount answers EIO and tries again at
+/// the next access instead of keeping it as the archive's fault.
+pub(crate) fn out_of_memory(path: &Path, what: String) -> ArchiveError {
+    ArchiveError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, what),
+    }
 }
 
 impl ArchiveError {
@@ -195,6 +206,12 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
     /// The checksums that cover every byte served, if any (the value of the
     /// mount's `user.ckptfs.checksums` attribute).
     fn checksums(&self) -> Option<&'static str>;
+    /// What the archive's checksums leave uncovered, when that is not
+    /// everything served but some of it (a BLAZE-X header without ckptfs's
+    /// digest): said by `verify`, `info` and the mount's log.
+    fn uncovered(&self) -> Option<&'static str> {
+        None
+    }
     /// A digest that changes whenever the presented content could: the
     /// archive's own checksum block, for an archive with checksums over
     /// every byte served (a delta records its base's, to recognise it
@@ -334,6 +351,25 @@ pub trait ArchiveView: Send + Sync + std::any::Any {
         dirs.sort();
         dirs.dedup();
         dirs
+    }
+
+    /// True when `path` is a directory of the archive (holds a file).
+    fn is_dir(&self, path: &str) -> bool {
+        self.directories()
+            .binary_search_by(|d| d.as_str().cmp(path))
+            .is_ok()
+    }
+
+    /// The entries directly in directory `dir` ("" for the root): (name,
+    /// is a directory), sorted by name. By default a scan of every path
+    /// (an archive of many files keeps an index: `path_index`).
+    fn children(&self, dir: &str) -> Vec<(String, bool)> {
+        path_index::scan_children((0..self.files()).map(|i| self.file_path(i)), dir)
+    }
+
+    /// The sum of the presented files' sizes.
+    fn total_logical_len(&self) -> u64 {
+        (0..self.files()).map(|i| self.logical_len(i)).sum()
     }
 }
 
@@ -516,9 +552,12 @@ fn from_backing_in(
 /// damage is an error, never wrong bytes. A z4ai-written `.zstn` has none
 /// until `ckptfs seal` adds them.
 pub fn require_checksums<A: ArchiveView + ?Sized>(a: &A) -> Result<()> {
-    match a.checksums() {
-        Some(_) => Ok(()),
-        None => Err(a.integrity(
+    match (a.checksums(), a.uncovered()) {
+        (Some(_), None) => Ok(()),
+        (_, Some(what)) => Err(a.integrity(format!(
+            "not every byte is covered by a checksum ({what}; or mount without --require-checksums)"
+        ))),
+        (None, None) => Err(a.integrity(
             "no checksums (z4ai-written): run `ckptfs seal` or mount without --require-checksums"
                 .into(),
         )),

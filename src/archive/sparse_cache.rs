@@ -122,6 +122,16 @@ pub fn forget(owner: u64) {
     });
 }
 
+/// Forgets every built index (when memory runs short: [`crate::memory`]);
+/// returns the bytes they held. Each is built again on its next use.
+pub fn release() -> u64 {
+    let slots = with_cache(|c| {
+        c.held = 0;
+        std::mem::replace(&mut c.slots, LruCache::unbounded())
+    });
+    slots.iter().map(|(_, (_, n))| *n as u64).sum()
+}
+
 /// Bytes held now (for tests).
 pub fn held_bytes() -> usize {
     with_cache(|c| c.held)

@@ -70,6 +70,17 @@ pub fn take(len: u64, what: &'static str) -> Result<Vec<u8>> {
     }
 }
 
+/// Frees every buffer kept (when memory runs short: [`crate::memory`]);
+/// returns their bytes.
+pub fn release() -> u64 {
+    let bufs = {
+        let mut p = pool();
+        p.held = 0;
+        std::mem::take(&mut p.bufs)
+    };
+    bufs.iter().map(|v| v.capacity() as u64).sum()
+}
+
 /// Keeps `v` for a later [`take`] if the pool has room; else frees it.
 pub fn recycle(v: Vec<u8>) {
     let cap = v.capacity();

@@ -58,7 +58,13 @@ pub fn zeroed(len: u64, what: &'static str) -> Result<Vec<u8>> {
     let layout = std::alloc::Layout::array::<u8>(len as usize)
         .map_err(|_| CodecError::Alloc { what, bytes: len })?;
     // SAFETY: `layout` has a non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    let mut p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        // The caches give memory back, then once more (crate::memory).
+        crate::memory::relieve();
+        // SAFETY: as above.
+        p = unsafe { std::alloc::alloc_zeroed(layout) };
+    }
     if p.is_null() {
         return Err(CodecError::Alloc { what, bytes: len });
     }

@@ -51,6 +51,8 @@ pub fn info_json(a: &BlazexArchive) -> serde_json::Value {
         "raw_bytes": raw,
         "stored_bytes": a.stored_len(),
         "data_sha256": h.data_sha256,
+        "header_digest": a.uncovered().is_none(),
+        "not_covered": a.uncovered(),
         "tensor_list": a.tensors().iter().map(|t| serde_json::json!({
             "name": t.name,
             "dtype": t.dtype.safetensors_name(),
@@ -86,6 +88,13 @@ pub fn print_info(a: &BlazexArchive, per_tensor: bool) {
     let (h, raw, dtypes, files) = summary(a);
     println!("{}", a.path().display());
     println!("  format        BLAZE-X blz v1 (uncompressed; xxh3 per tensor, data SHA-256)");
+    match a.uncovered() {
+        None => println!(
+            "  checksums     every byte: tensors (xxh3), header ({})",
+            crate::format::blazex::DIGEST_KEY
+        ),
+        Some(what) => println!("  checksums     tensors only (xxh3): {what}"),
+    }
     println!("  created_at    {}", h.created_at);
     println!(
         "  tensors       {} ({})",

@@ -66,7 +66,20 @@ pub enum BlazexError {
     Overlap { a: String, b: String },
     #[error("sidecar {name:?}: {what}")]
     Sidecar { name: String, what: String },
+    #[error("header digest ({DIGEST_KEY}): {0}")]
+    HeaderDigest(&'static str),
+    #[error("header of {header_len} bytes: {source}")]
+    OutOfMemory {
+        header_len: u64,
+        source: crate::memory::OutOfMemory,
+    },
 }
+
+/// Address space the parsed header and what the reader builds from it
+/// (the synthesised safetensors header, segments, per-tensor state) may
+/// take per byte of header JSON at most, asked for before parsing. A
+/// tensor's ~200 pretty-printed JSON bytes become ~250 bytes in all.
+const PARSED_BYTES_PER_JSON_BYTE: u64 = 4;
 
 pub type Result<T> = std::result::Result<T, BlazexError>;
 
@@ -163,6 +176,11 @@ pub struct Header {
     pub sidecar_files: Vec<Sidecar>,
     pub tensors: Vec<TensorEntry>,
     pub data_sha256: String,
+    /// Whether the JSON had a [`DIGEST_KEY`] member (anywhere): read only
+    /// to refuse one that is not where ckptfs writes it (a damaged
+    /// header). Never rendered: [`seal_header`] appends the member.
+    #[serde(default, skip_serializing, rename = "ckptfs_header_xxh3")]
+    pub digest_member: Option<serde::de::IgnoredAny>,
 }
 
 impl Header {
@@ -175,10 +193,21 @@ impl Header {
     }
 }
 
+/// Whether a header digest covers the header (see [`seal_header`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderCover {
+    /// The header ends with ckptfs's [`DIGEST_KEY`] member, and it matched.
+    Sealed,
+    /// No digest: what `blazex` writes. Nothing covers the header.
+    Uncovered,
+}
+
 /// A parsed and structurally validated archive.
 #[derive(Debug, Clone)]
 pub struct Parsed {
     pub header: Header,
+    /// Whether a header digest covered the prelude and the header.
+    pub cover: HeaderCover,
     pub data_start: u64,
     /// Length of DATA (the file after the header).
     pub data_len: u64,
@@ -213,12 +242,40 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
         });
     }
     let data_start = PRELUDE_LEN + hlen;
-    let header: Header = serde_json::from_slice(&bytes[PRELUDE_LEN as usize..data_start as usize])
-        .map_err(|e| BlazexError::InvalidJson(e.to_string()))?;
+    let json = &bytes[PRELUDE_LEN as usize..data_start as usize];
+    // The digest first: a damaged header is named as such, whatever else
+    // the damage makes of its JSON.
+    let tail = digest_tail(json);
+    if let Some(t) = &tail {
+        check_digest(&bytes[..data_start as usize], t)?;
+    }
+    // serde allocates as it goes, infallibly: make sure its worst case fits
+    // first (the caches give memory back if it does not).
+    crate::memory::ensure_headroom(hlen.saturating_mul(PARSED_BYTES_PER_JSON_BYTE)).map_err(
+        |source| BlazexError::OutOfMemory {
+            header_len: hlen,
+            source,
+        },
+    )?;
+    let mut header: Header =
+        serde_json::from_slice(json).map_err(|e| BlazexError::InvalidJson(e.to_string()))?;
+    // Only read to be checked here: a parsed header is the same whether
+    // sealed or not (`cover` says which).
+    if tail.is_none() && header.digest_member.take().is_some() {
+        return Err(BlazexError::HeaderDigest(
+            "the member is not at the end of the header, where ckptfs writes it (damaged header)",
+        ));
+    }
+    header.digest_member = None;
+    let cover = match tail {
+        Some(_) => HeaderCover::Sealed,
+        None => HeaderCover::Uncovered,
+    };
     let data_len = file_len - data_start;
     validate(&header, data_len)?;
     Ok(Parsed {
         header,
+        cover,
         data_start,
         data_len,
     })
@@ -336,6 +393,101 @@ pub fn check_sidecar_name(n: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
+/// The header digest ckptfs adds (`pack --format blazex`, `seal`): the
+/// header JSON's last member, which blazex's reader skips (its header
+/// struct ignores unknown members). Its value is 16 lowercase hex digits,
+/// the xxh3-64 of the file from its first byte (prelude included, so the
+/// header length is covered) up to the `,` that opens the member.
+pub const DIGEST_KEY: &str = "ckptfs_header_xxh3";
+const TAIL_OPEN: &[u8] = b",\n  \"ckptfs_header_xxh3\": \"";
+const TAIL_CLOSE: &[u8] = b"\"\n}";
+/// Length of the member at the end of a sealed header.
+const TAIL_LEN: usize = TAIL_OPEN.len() + 16 + TAIL_CLOSE.len();
+
+/// Where a digest member ends the header: the 16 digit bytes, or None when
+/// the header does not end with something shaped like it. The shape is
+/// checked with the key's bytes left free, so that a damaged key is caught
+/// by [`check_digest`] rather than read as a header without a digest.
+struct Tail<'a> {
+    /// Offset of the member's `,` in the header JSON.
+    at: usize,
+    key: &'a [u8],
+    digits: &'a [u8],
+}
+
+fn digest_tail(json: &[u8]) -> Option<Tail<'_>> {
+    let n = json.len();
+    if n < TAIL_LEN + 2 {
+        return None;
+    }
+    let t = &json[n - TAIL_LEN..];
+    let key_at = 5; // `,\n  "`
+    let key_end = key_at + DIGEST_KEY.len();
+    let shaped = t[..key_at] == TAIL_OPEN[..key_at]
+        && t[key_end..TAIL_OPEN.len()] == TAIL_OPEN[key_end..]
+        && t[TAIL_LEN - TAIL_CLOSE.len()..] == *TAIL_CLOSE;
+    shaped.then(|| Tail {
+        at: n - TAIL_LEN,
+        key: &t[key_at..key_end],
+        digits: &t[TAIL_OPEN.len()..TAIL_OPEN.len() + 16],
+    })
+}
+
+/// Checks a digest member against the file's first bytes (prelude and
+/// header JSON).
+fn check_digest(head: &[u8], t: &Tail<'_>) -> Result<()> {
+    if t.key != DIGEST_KEY.as_bytes() {
+        return Err(BlazexError::HeaderDigest(
+            "the last member's name is damaged",
+        ));
+    }
+    let want = std::str::from_utf8(t.digits)
+        .ok()
+        .filter(|s| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .and_then(|s| u64::from_str_radix(s, 16).ok())
+        .ok_or(BlazexError::HeaderDigest(
+            "value is not 16 lowercase hex digits",
+        ))?;
+    if crate::format::digest::xxh3_64(&head[..PRELUDE_LEN as usize + t.at]) != want {
+        return Err(BlazexError::HeaderDigest(
+            "checksum mismatch: the prelude or the header is damaged",
+        ));
+    }
+    Ok(())
+}
+
+/// The prelude and header JSON of `json` sealed: the [`DIGEST_KEY`]
+/// member appended as the last member, its digest computed. The JSON's
+/// bytes are kept as they are (only whitespace after its last member
+/// goes), so every value reads back exactly. None when `json` does not
+/// end with a non-empty object's `}` or already has a digest member.
+pub fn seal_header(json: &[u8]) -> Option<([u8; 20], Vec<u8>)> {
+    if digest_tail(json).is_some() {
+        return None;
+    }
+    let end = json.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if json[end] != b'}' {
+        return None;
+    }
+    let body_end = json[..end].iter().rposition(|b| !b.is_ascii_whitespace())? + 1;
+    if json[body_end - 1] == b'{' {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body_end + TAIL_LEN);
+    out.extend_from_slice(&json[..body_end]);
+    let at = out.len();
+    out.extend_from_slice(TAIL_OPEN);
+    out.extend_from_slice(&[b'0'; 16]);
+    out.extend_from_slice(TAIL_CLOSE);
+    let prelude = render_prelude(out.len() as u64);
+    let mut h = crate::format::digest::Xxh3::new();
+    h.update(&prelude);
+    h.update(&out[..at]);
+    let hex = format!("{:016x}", h.digest());
+    out[at + TAIL_OPEN.len()..at + TAIL_OPEN.len() + 16].copy_from_slice(hex.as_bytes());
+    Some((prelude, out))
+}
+
 /// The 20-byte prelude for a header of `len` bytes.
 pub fn render_prelude(header_len: u64) -> [u8; 20] {
     let mut p = [0u8; 20];
@@ -419,6 +571,8 @@ pub fn render_safetensors_header(tensors: &[TensorEntry]) -> (Vec<u8>, Vec<u64>)
     out.extend_from_slice(&json);
     (out, offsets)
 }
+
+pub mod pretty;
 
 #[cfg(test)]
 mod tests;

@@ -186,6 +186,8 @@ pub(super) fn parse_version(
     let archive = archive.and_then(|a| {
         if require_checksums {
             archive::require_checksums(&*a)?;
+        } else if let Some(what) = a.uncovered() {
+            log::warn!("{}: served, but {what}", path.display());
         }
         Ok(a)
     });

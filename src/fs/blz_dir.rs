@@ -17,6 +17,10 @@
 //! by several shards is cached once. A `.blz` that cannot be parsed is still
 //! listed as a directory; `opendir` and `lookup` in it fail with EIO and log
 //! the file and reason. Nothing inside can be changed (EROFS).
+//!
+//! Lookups, listings and sizes go through the archive's path index
+//! ([`crate::archive::path_index`]): a binary search and the entries under
+//! one directory, never a scan of every file (a `.blz` may hold 10^6).
 
 use super::archive_slot::{version_of, Slot};
 use super::attr::attr_from_meta;
@@ -154,7 +158,7 @@ impl CheckpointFs {
         let (a, _, m) = self.blz_archive(&root)?;
         let (kind, attr_of) = if let Some(i) = a.find(&path) {
             (NodeKind::BlzFile { root: root.ino }, Some(a.logical_len(i)))
-        } else if a.directories().binary_search(&path).is_ok() {
+        } else if a.is_dir(&path) {
             (NodeKind::BlzDir { root: root.ino }, None)
         } else {
             return Err(FsError::NotFound);
@@ -181,24 +185,11 @@ impl CheckpointFs {
     pub(super) fn opendir_blz(&self, d: &Arc<Inode>) -> Result<u64> {
         let (root, inner) = self.blz_root(d)?;
         let (a, _, _) = self.blz_archive(&root)?;
-        let dirs = a.directories();
-        if !inner.is_empty() && dirs.binary_search(&inner).is_err() {
+        if !inner.is_empty() && !a.is_dir(&inner) {
             return Err(FsError::Stale);
         }
-        let prefix = if inner.is_empty() {
-            String::new()
-        } else {
-            format!("{inner}/")
-        };
-        let child = |p: &str| -> Option<String> {
-            let rest = p.strip_prefix(&prefix)?;
-            (!rest.is_empty() && !rest.contains('/')).then(|| rest.to_string())
-        };
-        let mut kids: Vec<(String, bool)> = (0..a.files())
-            .filter_map(|f| child(a.file_path(f)).map(|n| (n, false)))
-            .chain(dirs.iter().filter_map(|p| child(p).map(|n| (n, true))))
-            .collect();
-        kids.sort();
+        // By the archive's path index: only the entries under `inner`.
+        let kids = a.children(&inner);
         let mut items = dot_entries(d.ino, d.parent());
         for (name, dir) in kids {
             let (kind, fk) = if dir {
@@ -228,7 +219,7 @@ impl CheckpointFs {
 /// archive occupies, in proportion to its size, so that `du` of the
 /// directory adds up to the archive's own `du`.
 fn stored_share(a: &dyn ArchiveView, m: &Metadata, size: u64) -> u64 {
-    let total: u64 = (0..a.files()).map(|i| a.logical_len(i)).sum();
+    let total = a.total_logical_len();
     if total == 0 {
         return 0;
     }

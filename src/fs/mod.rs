@@ -195,7 +195,12 @@ impl CheckpointFs {
             handles: RwLock::new(HashMap::new()),
             open_mode: (0..OPEN_MODE_STRIPES).map(|_| Mutex::new(())).collect(),
             next_fh: AtomicU64::new(1),
-            cache: Arc::new(BlockCache::new(cfg.cache_bytes)),
+            cache: {
+                // Gives its blocks back when an allocation fails.
+                let c = Arc::new(BlockCache::new(cfg.cache_bytes));
+                crate::memory::register(&(c.clone() as Arc<dyn crate::memory::Relieve>));
+                c
+            },
             policy: Policy::for_cache(cfg.cache_bytes),
             ttl: cfg.ttl,
             warned: Mutex::new(HashSet::new()),

@@ -17,7 +17,7 @@ use super::BlzPackError;
 use crate::format::blazex::{self, Dtype, Header, Sidecar, TensorEntry};
 use crate::format::digest::xxh3_64;
 use crate::format::safetensors;
-use crate::fsutil::write_atomic;
+use crate::fsutil::{self, write_atomic};
 use base64::Engine as _;
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -229,11 +229,15 @@ pub fn pack_blazex(
         sidecar_files,
         tensors,
         data_sha256: sha.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        digest_member: None,
     };
     blazex::validate(&header, at).map_err(|e| BlzPackError::Internal(e.to_string()))?;
-    let json = blazex::render_header(&header);
+    // blazex's bytes, plus ckptfs's header digest as the last member
+    // (blazex skips it; ckptfs checks it, so the header is covered too).
+    let (prelude, json) = blazex::seal_header(&blazex::render_header(&header))
+        .ok_or_else(|| BlzPackError::Internal("the rendered header cannot be sealed".into()))?;
     write_atomic(out, force, |w| {
-        w.write_all(&blazex::render_prelude(json.len() as u64))?;
+        w.write_all(&prelude)?;
         w.write_all(&json)?;
         for s in &shards {
             for t in &s.tensors {
@@ -250,5 +254,84 @@ pub fn pack_blazex(
         sidecars: header.sidecar_files.len(),
         data_bytes: at,
         stored_bytes: blazex::PRELUDE_LEN + json.len() as u64 + at,
+    })
+}
+
+/// What [`seal_blazex`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlazexSealOutcome {
+    /// The header already ends with ckptfs's digest; nothing was written.
+    AlreadySealed,
+    /// The digest was added: `tensors` were checked, `added_bytes` added.
+    Sealed { tensors: usize, added_bytes: u64 },
+}
+
+/// Adds ckptfs's header digest to the BLAZE-X archive at `path` (a
+/// symlink: its target), in place, unless it has one. Every tensor's xxh3
+/// and the data SHA-256 are checked first (a digest must not bless damaged
+/// contents). Only the header changes: its bytes are kept and the digest
+/// member appended (blazex still reads the file), then DATA is copied.
+/// The file is replaced atomically and keeps its mode; what was written
+/// is read back (digest matched, same header) before it replaces the
+/// original, and a file that changed meanwhile is left alone.
+pub fn seal_blazex(
+    path: &Path,
+    force: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<BlazexSealOutcome, crate::pack::seal::SealError> {
+    use crate::archive::{Backing, BlazexArchive};
+    use crate::pack::seal::SealError;
+    use std::os::unix::fs::MetadataExt;
+    let io_err = |source| SealError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let target = fs::canonicalize(path).map_err(io_err)?;
+    let file = fs::File::open(&target).map_err(io_err)?;
+    let before = file.metadata().map_err(io_err)?;
+    let a = BlazexArchive::from_backing(Backing::map(&file).map_err(io_err)?, path)?;
+    if a.cover() == blazex::HeaderCover::Sealed {
+        return Ok(BlazexSealOutcome::AlreadySealed);
+    }
+    if before.nlink() > 1 && !force {
+        return Err(SealError::HardLinks {
+            path: path.to_path_buf(),
+            links: before.nlink(),
+        });
+    }
+    (0..a.tensors().len())
+        .into_par_iter()
+        .try_for_each(|t| a.tensor_bytes(t).map(|b| progress(b.len() as u64)))?;
+    a.verify_data_sha256()?;
+    let bytes = a.stored_bytes();
+    let start = a.data_start() as usize;
+    let json = &bytes[blazex::PRELUDE_LEN as usize..start];
+    let (prelude, sealed) = blazex::seal_header(json).ok_or_else(|| SealError::Unsealable {
+        path: path.to_path_buf(),
+        what: "the header JSON does not end with an object's closing brace".into(),
+    })?;
+    fsutil::replace_atomic(&target, |w| {
+        w.write_all(&prelude)?;
+        w.write_all(&sealed)?;
+        w.write_all(&bytes[start..])?;
+        w.flush()?;
+        let back = BlazexArchive::from_backing(Backing::map(w.get_ref())?, path)
+            .map_err(io::Error::other)?;
+        if back.cover() != blazex::HeaderCover::Sealed || back.header() != a.header() {
+            return Err(io::Error::other(
+                "internal check failed: the sealed file reads back differently",
+            ));
+        }
+        let now = fs::metadata(&target)?;
+        let same = |m: &fs::Metadata| (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+        if same(&now) != same(&before) {
+            return Err(io::Error::other("changed while it was being sealed"));
+        }
+        Ok(())
+    })
+    .map_err(io_err)?;
+    Ok(BlazexSealOutcome::Sealed {
+        tensors: a.tensors().len(),
+        added_bytes: (sealed.len() - json.len()) as u64,
     })
 }

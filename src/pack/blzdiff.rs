@@ -249,15 +249,21 @@ pub fn apply(
     }
     let header = Header {
         version: blazex::VERSION,
-        created_at: now(),
+        // The target's own time, as the patch carries it (blazex's apply
+        // stamps the time it runs; the target archive has this one).
+        created_at: h.created_at.clone(),
         model_config: h.model_config.clone(),
         tokenizer: h.tokenizer.clone(),
         sidecar_files: h.sidecar_files.clone(),
         tensors,
         data_sha256: sha.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        digest_member: None,
     };
     blazex::validate(&header, at).map_err(|e| fail(patch_path, e.to_string()))?;
-    let json = blazex::render_header(&header);
+    let json = target_json(
+        &patch[blzdiff::PRELUDE_LEN as usize..p.blob_start as usize],
+        &header,
+    );
     // Pass 2: write.
     write_atomic(out, force, |w| {
         w.write_all(&blazex::render_prelude(json.len() as u64))?;
@@ -274,4 +280,19 @@ pub fn apply(
     })?;
     stats.output_bytes = blazex::PRELUDE_LEN + json.len() as u64 + at;
     Ok(stats)
+}
+
+/// The target's header JSON: the patch's own `target_header` laid out at
+/// the top level, its strings and numbers spelled as the patch spells them
+/// (so the archive is the target byte for byte, whatever escaping its
+/// writer used), when it holds exactly the values of `header` (offsets,
+/// digests and members as recomputed); else `header` rendered as blazex
+/// renders it.
+fn target_json(manifest: &[u8], header: &Header) -> Vec<u8> {
+    use blazex::pretty;
+    let ours = blazex::render_header(header);
+    pretty::member_span(manifest, "target_header")
+        .and_then(|r| pretty::reindent(&manifest[r]))
+        .filter(|carried| pretty::same_tokens(carried, &ours))
+        .unwrap_or(ours)
 }

@@ -32,7 +32,7 @@ pub mod seal;
 pub mod tensor;
 pub mod zstn;
 
-pub use blazex::{pack_blazex, BlazexPackStats};
+pub use blazex::{pack_blazex, seal_blazex, BlazexPackStats, BlazexSealOutcome};
 pub use blz::{pack_dir, walk, BlzPackError};
 pub use seal::seal_file;
 pub use zstn::pack;

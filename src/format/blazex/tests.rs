@@ -24,6 +24,7 @@ fn header(tensors: Vec<TensorEntry>) -> Header {
         sidecar_files: vec![],
         tensors,
         data_sha256: String::new(),
+        digest_member: None,
     }
 }
 
@@ -132,4 +133,90 @@ fn empty_tensors_may_share_offsets() {
         tensor("c", Dtype::U8, &[0], 4),
     ]);
     parse(&archive(&h, 4)).unwrap();
+}
+
+/// A sealed archive of `h` (as `pack --format blazex` writes it) with
+/// `data_len` bytes of DATA.
+fn sealed(h: &Header, data_len: usize) -> Vec<u8> {
+    let (p, j) = seal_header(&render_header(h)).expect("sealable");
+    let mut v = p.to_vec();
+    v.extend_from_slice(&j);
+    v.resize(v.len() + data_len, 7);
+    v
+}
+
+#[test]
+fn a_sealed_header_reads_back_as_blazex_wrote_it_and_is_covered() {
+    let h = header(vec![tensor("a", Dtype::F32, &[2], 0)]);
+    let plain = parse(&archive(&h, 8)).unwrap();
+    assert_eq!(plain.cover, HeaderCover::Uncovered);
+    let v = sealed(&h, 8);
+    let p = parse(&v).unwrap();
+    assert_eq!(p.cover, HeaderCover::Sealed);
+    assert_eq!(p.header, plain.header);
+    // The digest is the last member; what precedes it is blazex's bytes.
+    let json = std::str::from_utf8(&v[20..p.data_start as usize]).unwrap();
+    let blazex_json = String::from_utf8(render_header(&h)).unwrap();
+    assert!(json.starts_with(blazex_json.strip_suffix("\n}").unwrap()));
+    assert!(json.ends_with("\"\n}"), "{json}");
+    let member: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(member[DIGEST_KEY].as_str().unwrap().len(), 16);
+    // Sealing twice is refused (nothing to add).
+    assert!(seal_header(&v[20..p.data_start as usize]).is_none());
+}
+
+#[test]
+fn every_flipped_byte_of_a_sealed_prelude_or_header_fails_the_parse() {
+    let mut h = header(vec![
+        tensor("model.embed.weight", Dtype::Bf16, &[2, 3], 0),
+        tensor("b", Dtype::I8, &[4], 12),
+    ]);
+    h.tokenizer = Some("{\"model\": {\"type\": \"BPE\"}}\n".into());
+    h.sidecar_files.push(Sidecar {
+        filename: "special_tokens_map.json".into(),
+        content_b64: "eyJ1bmsiOiAiPHVuaz4ifQ==".into(),
+    });
+    // DATA that is whitespace: a header length grown into it still parses
+    // as JSON, so only the digest can tell.
+    let mut v = sealed(&h, 0);
+    let data_start = v.len();
+    v.extend_from_slice(&[b' '; 16]);
+    h.tensors.clear();
+    let good = parse(&v).unwrap();
+    for at in 0..data_start {
+        for mask in [0x01u8, 0x20, 0x80, 0xff] {
+            let mut w = v.clone();
+            w[at] ^= mask;
+            match parse(&w) {
+                Err(_) => {}
+                Ok(p) => panic!(
+                    "byte {at} ^ {mask:#04x} parsed ({:?}, {} tensors; original {})",
+                    p.cover,
+                    p.header.tensors.len(),
+                    good.header.tensors.len()
+                ),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_digest_member_that_is_not_last_or_is_misnamed_is_refused() {
+    let h = header(vec![]);
+    let v = sealed(&h, 0);
+    let json = std::str::from_utf8(&v[20..]).unwrap();
+    // Moved to the front: valid JSON with the key, not where ckptfs writes it.
+    let (body, tail) = json.split_at(json.rfind(",\n  \"ckptfs").unwrap());
+    let member = tail.trim_start_matches(",\n").trim_end_matches("\n}");
+    let moved = format!("{{\n{member},{}\n}}", &body[1..]);
+    let mut w = render_prelude(moved.len() as u64).to_vec();
+    w.extend_from_slice(moved.as_bytes());
+    let e = parse(&w).unwrap_err();
+    assert!(e.to_string().contains("not at the end"), "{e}");
+    // A misnamed key of the same shape.
+    let renamed = json.replace(DIGEST_KEY, "ckptfs_header_xxh4");
+    let mut w = render_prelude(renamed.len() as u64).to_vec();
+    w.extend_from_slice(renamed.as_bytes());
+    let e = parse(&w).unwrap_err();
+    assert!(e.to_string().contains("name is damaged"), "{e}");
 }
