@@ -24,6 +24,15 @@ where
     write_via_temp(path, overwrite, |f| set_mode(f, mode), fill)
 }
 
+/// As [`write_atomic`] (replacing `path`), for the daemon's own state
+/// files: mode 0600 whatever the umask (the daemon runs with umask 0).
+pub fn write_private<F>(path: &Path, fill: F) -> io::Result<()>
+where
+    F: FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+{
+    write_via_temp(path, true, |f| set_mode(f, 0o600), fill)
+}
+
 /// Replaces the existing regular file `path` (not a symlink: resolve it
 /// first) atomically through `fill`, keeping its permission bits and, when
 /// the process may, its owner and group. If `fill` fails, `path` is left as

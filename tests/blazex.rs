@@ -376,18 +376,23 @@ fn hostile_headers_fail_in_one_line_and_write_nothing_outside() {
     }
 }
 
+/// `ckptfs pack SRC -o OUT --format blazex`.
+fn pack_blazex(src: &Path, out: &Path) -> std::process::Output {
+    ckptfs(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--format",
+        "blazex",
+    ])
+}
+
 #[test]
 fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer() {
     let (tmp, src, theirs) = fixture();
     let ours = tmp.path().join("ours.blz");
-    let p = ckptfs(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ours.to_str().unwrap(),
-        "--format",
-        "blazex",
-    ]);
+    let p = pack_blazex(&src, &ours);
     assert!(p.status.success(), "{}", text(&p));
     let bytes = fs::read(&ours).unwrap();
     assert_eq!(&bytes[..12], b"BLAZXPK\n\x01\0\0\0");
@@ -435,14 +440,7 @@ fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer()
         );
     }
     // Written atomically with a plain file's mode; refused when it exists.
-    let again = ckptfs(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ours.to_str().unwrap(),
-        "--format",
-        "blazex",
-    ]);
+    let again = pack_blazex(&src, &ours);
     assert_eq!(again.status.code(), Some(1), "{}", text(&again));
 }
 
@@ -464,14 +462,7 @@ fn pack_format_blazex_refuses_a_dtype_it_cannot_name() {
     )
     .unwrap();
     let out = tmp.path().join("x.blz");
-    let p = ckptfs(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "blazex",
-    ]);
+    let p = pack_blazex(&src, &out);
     assert_eq!(p.status.code(), Some(1), "{}", text(&p));
     let e = String::from_utf8_lossy(&p.stderr);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
@@ -737,14 +728,7 @@ fn every_flipped_header_byte_of_a_ckptfs_written_archive_fails_or_reads_the_orig
     use ckptfs::archive::BlazexArchive;
     let (tmp, src, _) = fixture();
     let ours = tmp.path().join("ours.blz");
-    let p = ckptfs(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ours.to_str().unwrap(),
-        "--format",
-        "blazex",
-    ]);
+    let p = pack_blazex(&src, &ours);
     assert!(p.status.success(), "{}", text(&p));
     let bytes = fs::read(&ours).unwrap();
     let good = read_all(&BlazexArchive::from_bytes(bytes.clone(), &ours).unwrap());

@@ -568,40 +568,48 @@ fn large_archives_in_turn_leave_the_daemon_up_under_a_memory_limit() {
     limit_daemon(&m);
     // 1. The archive of 10^6 tensors, whole.
     let want = std::fs::read(&original).unwrap();
-    let n = read_through(&m.path("z_1e6_tensors.safetensors"), &mut |at, b| {
-        assert!(b == &want[at as usize..at as usize + b.len()], "at {at}");
-    });
-    assert_eq!(n, want.len() as u64);
-    drop(want);
-    assert_alive(&mut m);
+    let tensors = |m: &Mount| {
+        let n = read_through(&m.path("z_1e6_tensors.safetensors"), &mut |at, b| {
+            assert!(b == &want[at as usize..at as usize + b.len()], "at {at}");
+        });
+        assert_eq!(n, want.len() as u64);
+    };
     // 2. Eight blocks of 256 MiB, whole.
-    let z = m.path("z_8x256m.safetensors");
-    let data_at = std::fs::metadata(&z).unwrap().len() - 8 * 256 * MIB;
-    let len = read_through(&z, &mut |at, b| {
-        // Pieces cross tensor boundaries: each byte against its tensor.
-        for (k, &x) in b.iter().enumerate() {
-            let pos = at + k as u64;
-            if pos >= data_at {
-                let t = ((pos - data_at) / (256 * MIB)) as u8;
-                assert!(x == t, "tensor {t} at {pos}: {x}");
+    let blocks = |m: &Mount| {
+        let z = m.path("z_8x256m.safetensors");
+        let data_at = std::fs::metadata(&z).unwrap().len() - 8 * 256 * MIB;
+        let len = read_through(&z, &mut |at, b| {
+            // Pieces cross tensor boundaries: each byte against its tensor.
+            for (k, &x) in b.iter().enumerate() {
+                let pos = at + k as u64;
+                if pos >= data_at {
+                    let t = ((pos - data_at) / (256 * MIB)) as u8;
+                    assert!(x == t, "tensor {t} at {pos}: {x}");
+                }
             }
-        }
-    });
-    assert_eq!(len, data_at + 8 * 256 * MIB);
-    assert_alive(&mut m);
+        });
+        assert_eq!(len, data_at + 8 * 256 * MIB);
+    };
     // 3. A directory of the archive of 10^6 files.
-    let mut names: Vec<String> = std::fs::read_dir(m.path("b_1e6_files/d000"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    assert_eq!(names.len(), 1000);
-    assert_eq!(names[0], "f000000");
-    assert_eq!(
-        std::fs::read_to_string(m.path("b_1e6_files/d999/f999999")).unwrap(),
-        "999999\n"
-    );
-    assert_alive(&mut m);
+    let files = |m: &Mount| {
+        let mut names: Vec<String> = std::fs::read_dir(m.path("b_1e6_files/d000"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 1000);
+        assert_eq!(names[0], "f000000");
+        assert_eq!(
+            std::fs::read_to_string(m.path("b_1e6_files/d999/f999999")).unwrap(),
+            "999999\n"
+        );
+    };
+    // The order, then back the other way with the `.blz`'s index
+    // and the caches full of what came before.
+    for step in [&tensors as &dyn Fn(&Mount), &blocks, &files, &blocks, &tensors] {
+        step(&m);
+        assert_alive(&mut m);
+    }
     let log = m.log_text();
     for bad in ["memory allocation", "panicked"] {
         assert!(!log.contains(bad), "{log}");

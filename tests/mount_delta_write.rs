@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{ckptfs, gauss_bf16, gauss_f32, safetensors_file, Mount, Rng};
+use common::{ckptfs, gauss_bf16, gauss_f32, run_as_nobody, safetensors_file, Mount, Rng};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -398,35 +398,6 @@ fn kill_9_during_a_rename_of_a_base_loses_nothing() {
     verify_ok(&m.store);
 }
 
-const NOBODY: u32 = 65534;
-
-/// Runs `python3 -c program args` as uid/gid `NOBODY` with no
-/// supplementary groups; returns its standard output.
-fn as_nobody(program: &str, args: &[&Path]) -> String {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new("python3");
-    cmd.arg("-c").arg(program).args(args);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(NOBODY, NOBODY, NOBODY) != 0
-                || libc::setresuid(NOBODY, NOBODY, NOBODY) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = cmd.output().expect("run python3 as nobody");
-    assert!(
-        out.status.success(),
-        "as nobody: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// As nobody: writes standard input's bytes (a file given as argv[2]) to
 /// argv[1], naming argv[3] (when given) as its base first.
 const WRITE: &str = r#"
@@ -501,7 +472,7 @@ fn a_base_the_writer_may_not_read_or_does_not_own_is_never_used() {
     std::fs::create_dir(m.path("run/mine")).unwrap();
     chmod(&m.path("run/mine"), 0o777);
     let target = m.path("run/mine/model.safetensors");
-    as_nobody(
+    run_as_nobody(
         WRITE,
         &[&target, &src, Path::new("../secret/model.safetensors")],
     );
@@ -517,7 +488,7 @@ fn a_base_the_writer_may_not_read_or_does_not_own_is_never_used() {
         "{}",
         m.log_text()
     );
-    assert_eq!(as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
+    assert_eq!(run_as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
     // Root's next step: the newest sibling is nobody's file, which root's
     // file must not depend on; root's own earlier file is taken instead.
     run.advance();
@@ -536,9 +507,9 @@ fn a_base_the_writer_may_not_read_or_does_not_own_is_never_used() {
     // Every file reads back for its owner, also after a remount.
     m.unmount();
     m.remount(&["--delta", "auto", "--allow-other"]);
-    assert_eq!(as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
+    assert_eq!(run_as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
     assert_eq!(
-        as_nobody(DIGEST, &[&m.path("run/secret/model.safetensors")]).trim(),
+        run_as_nobody(DIGEST, &[&m.path("run/secret/model.safetensors")]).trim(),
         "EACCES"
     );
     assert!(std::fs::read(m.path("run/root/model.safetensors")).unwrap() == roots);

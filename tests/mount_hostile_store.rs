@@ -16,42 +16,13 @@
 
 mod common;
 
-use common::Mount;
+use common::{run_as_nobody, Mount, NOBODY};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
-
-const NOBODY: u32 = 65534;
 
 fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// Runs a Python program as uid/gid `NOBODY` with no supplementary groups.
-fn run_as_nobody(program: &str, args: &[&Path]) -> String {
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(program).args(args);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(NOBODY, NOBODY, NOBODY) != 0
-                || libc::setresuid(NOBODY, NOBODY, NOBODY) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = cmd.output().expect("run python3 as nobody");
-    assert!(
-        out.status.success(),
-        "helper failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Every entry under `dir`: (relative path, mode, uid, contents).

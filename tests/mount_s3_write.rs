@@ -106,6 +106,27 @@ fn save_file_ends_as_zstn_in_the_bucket_and_plain_files_are_uploaded() {
             && has(&server, "wbucket", "models/sub/a.txt")
     });
     assert!(!has(&server, "wbucket", "models/model.safetensors"));
+    // The cache holds the bucket's bytes: every directory the daemon made
+    // is 0700 and its own state files 0600, though it runs with umask 0
+    // (issue 46, item 2).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mut stack = vec![cache.clone()];
+        while let Some(d) = stack.pop() {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+            for e in std::fs::read_dir(&d).unwrap() {
+                let e = e.unwrap();
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    stack.push(e.path());
+                } else if d.ends_with("state") || d == cache {
+                    let mode = m.permissions().mode() & 0o7777;
+                    assert_eq!(mode, 0o600, "{}", e.path().display());
+                }
+            }
+        }
+    }
     // This daemon shows the committed file at once, by its name.
     let mut names: Vec<String> = std::fs::read_dir(&m.mnt)
         .unwrap()

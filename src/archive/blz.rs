@@ -718,12 +718,13 @@ impl ArchiveView for BlzArchive {
         self.verify_header()?;
         self.verify_data_sha256()?;
         let stored = self.stored_len();
+        let n = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         Ok(format!(
-            "{} files ({} shards, {} tensors in {} blobs), {} -> {} bytes, ratio {:.4}, all checksums and the data SHA-256 verified",
-            self.files(),
-            shards,
-            tensors_n,
-            self.units(),
+            "{} ({}, {} in {}), {} -> {} bytes, ratio {:.4}, all checksums and the data SHA-256 verified",
+            n(self.files(), "file", "files"),
+            n(shards, "shard", "shards"),
+            n(tensors_n, "tensor", "tensors"),
+            n(self.units(), "blob", "blobs"),
             raw_bytes,
             stored,
             raw_bytes as f64 / stored.max(1) as f64

@@ -24,12 +24,12 @@ pub fn pack(g: Global, src: &Path, out: &Path, force: bool) -> Result<()> {
     if !g.quiet {
         let secs = t.elapsed().as_secs_f64();
         eprintln!(
-            "{} -> {}: BLAZE-X v1, {} shards, {} tensors, {} sidecars, {} data bytes, {} stored, {:.0} MB/s",
+            "{} -> {}: BLAZE-X v1, {}, {}, {}, {} data bytes, {} stored, {:.0} MB/s",
             src.display(),
             out.display(),
-            s.shards,
-            s.tensors,
-            s.sidecars,
+            super::plural(s.shards, "shard", "shards"),
+            super::plural(s.tensors, "tensor", "tensors"),
+            super::plural(s.sidecars, "sidecar", "sidecars"),
             s.data_bytes,
             s.stored_bytes,
             s.data_bytes as f64 / 1e6 / secs.max(1e-9)

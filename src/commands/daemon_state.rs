@@ -118,7 +118,7 @@ pub fn write_outcome(mountpoint: &Path, left: &[String]) -> std::io::Result<()> 
             _ => Ok(()),
         };
     }
-    crate::fsutil::write_atomic(&path, true, |w| {
+    crate::fsutil::write_private(&path, |w| {
         writeln!(w, "{}", std::process::id())?;
         for l in left {
             writeln!(w, "{}", l.replace('\n', " "))?;

@@ -33,6 +33,7 @@ use crate::store::s3::{S3Client, S3Options, S3Url};
 use anyhow::Context as _;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -97,12 +98,16 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         .cache_dir
         .clone()
         .unwrap_or_else(|| default_cache_dir(&url, opts.endpoint.as_deref()));
-    std::fs::create_dir_all(&cache_dir).with_context(|| cache_dir.display().to_string())?;
+    // Copies of the bucket's objects: the daemon's own (0700), whatever
+    // parents it has to make (0755).
+    crate::fsutil::create_dirs(&cache_dir, 0o700, 0o755)
+        .with_context(|| cache_dir.display().to_string())?;
     let lock_path = cache_dir.join("lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&lock_path)
         .with_context(|| lock_path.display().to_string())?;
     // SAFETY: flock on a descriptor this function owns.
@@ -194,7 +199,7 @@ fn disk_limit(cache_dir: &Path, given: Option<&str>) -> Result<u64> {
     let path = cache_dir.join(LIMIT_FILE);
     if let Some(s) = given {
         let n = parse_size(s).map_err(|e| anyhow::anyhow!("--disk-cache-size {e}"))?;
-        crate::fsutil::write_atomic(&path, true, |w| {
+        crate::fsutil::write_private(&path, |w| {
             use std::io::Write;
             writeln!(w, "{n}")
         })
@@ -256,7 +261,7 @@ fn owner_token(cache_dir: &Path) -> io::Result<String> {
         crate::format::digest::xxh3_64(seed.as_bytes()),
         crate::format::digest::xxh3_64_with_seed(seed.as_bytes(), 1)
     );
-    crate::fsutil::write_atomic(&path, true, |w| {
+    crate::fsutil::write_private(&path, |w| {
         use std::io::Write;
         w.write_all(token.as_bytes())
     })?;

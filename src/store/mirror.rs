@@ -44,7 +44,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -94,7 +94,7 @@ impl Mirror {
             seq: std::sync::atomic::AtomicU64::new(0),
         };
         for d in [&m.root, &m.state_dir, &m.tmp_dir] {
-            std::fs::create_dir_all(d)?;
+            crate::fsutil::create_dirs(d, 0o700, 0o700)?;
         }
         for e in std::fs::read_dir(&m.tmp_dir)? {
             let _ = std::fs::remove_file(e?.path());
@@ -238,7 +238,7 @@ impl Mirror {
     fn add_version(&self, l: &Listed) -> io::Result<Arc<RemoteFile>> {
         let dest = self.root.join(&l.rel);
         if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent)?;
+            crate::fsutil::create_dirs(parent, 0o700, 0o700)?;
         }
         if dest.symlink_metadata().is_ok_and(|m| m.is_dir()) {
             return Err(io::Error::other("a directory of the mirror has that name"));
@@ -250,6 +250,7 @@ impl Mirror {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&tmp)?;
         file.set_len(l.size)?;
         let mtime = UNIX_EPOCH + Duration::from_secs(l.mtime.max(0) as u64);

@@ -650,7 +650,7 @@ impl RemoteFile {
             ranges,
             used: self.budget.now(),
         };
-        crate::fsutil::write_atomic(&self.state_path, true, |w| {
+        crate::fsutil::write_private(&self.state_path, |w| {
             serde_json::to_writer(w, &state).map_err(io::Error::other)
         })
     }

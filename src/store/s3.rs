@@ -643,7 +643,7 @@ impl S3Client {
     /// Records multipart uploads in `dir` (created if needed), so that an
     /// upload a crash interrupted can be aborted later.
     pub fn with_upload_journal(mut self, dir: PathBuf) -> io::Result<S3Client> {
-        std::fs::create_dir_all(&dir)?;
+        crate::fsutil::create_dirs(&dir, 0o700, 0o700)?;
         self.journal = Some(dir);
         Ok(self)
     }
@@ -663,7 +663,7 @@ impl S3Client {
             key: path.to_string(),
             upload_id: id.clone(),
         };
-        crate::fsutil::write_atomic(&entry, true, |w| {
+        crate::fsutil::write_private(&entry, |w| {
             serde_json::to_writer(w, &j).map_err(io::Error::other)
         })?;
         Ok(Some(entry))

@@ -173,3 +173,33 @@ pub fn run_test_script(name: &str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// uid and gid of `nobody`, the unprivileged user of the permission tests.
+pub const NOBODY: u32 = 65534;
+
+/// Runs a Python program as uid/gid `NOBODY` with no supplementary groups.
+pub fn run_as_nobody(program: &str, args: &[&Path]) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(program).args(args);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(NOBODY, NOBODY, NOBODY) != 0
+                || libc::setresuid(NOBODY, NOBODY, NOBODY) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run python3 as nobody");
+    assert!(
+        out.status.success(),
+        "helper failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
