@@ -606,7 +606,13 @@ fn large_archives_in_turn_leave_the_daemon_up_under_a_memory_limit() {
     };
     // The order, then back the other way with the `.blz`'s index
     // and the caches full of what came before.
-    for step in [&tensors as &dyn Fn(&Mount), &blocks, &files, &blocks, &tensors] {
+    for step in [
+        &tensors as &dyn Fn(&Mount),
+        &blocks,
+        &files,
+        &blocks,
+        &tensors,
+    ] {
         step(&m);
         assert_alive(&mut m);
     }

@@ -718,7 +718,8 @@ impl ArchiveView for BlzArchive {
         self.verify_header()?;
         self.verify_data_sha256()?;
         let stored = self.stored_len();
-        let n = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let n =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         Ok(format!(
             "{} ({}, {} in {}), {} -> {} bytes, ratio {:.4}, all checksums and the data SHA-256 verified",
             n(self.files(), "file", "files"),

@@ -202,4 +202,3 @@ pub fn run_as_nobody(program: &str, args: &[&Path]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
-
