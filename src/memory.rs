@@ -17,10 +17,15 @@
 //!   work fits now;
 //! - when either fails, every registered [`Relieve`] (the mount's block
 //!   cache) and the process-wide pools (decoder buffers, the sparse delta
-//!   index cache) give back what they hold, and the
-//!   allocation is tried once more. Only then is it an error
+//!   index cache) give back what they hold, and the allocation is tried
+//!   again ([`with_relief`]). While it still fails it waits, asking the
+//!   caches again each time, up to [`WAIT_FOR_MEMORY`]: the memory may be
+//!   held by decodes in flight on other threads (the kernel's read-ahead
+//!   asks for several large blocks at once), whose blocks the caches can
+//!   give back once they are done. Only then is it an error
 //!   ([`OutOfMemory`]), which the caller reports in one line (EIO through
-//!   the mount).
+//!   the mount). An allocation larger than the process's address-space
+//!   limit fails at once: no waiting makes it fit.
 //!
 //! Relievers are held weakly: a cache that is dropped unregisters itself by
 //! being gone. Relief runs on the failing thread and takes each cache's
@@ -28,6 +33,11 @@
 
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The longest a failing allocation waits for memory held by work in
+/// flight on other threads.
+pub const WAIT_FOR_MEMORY: Duration = Duration::from_secs(3);
 
 /// A cache that can give memory back.
 pub trait Relieve: Send + Sync {
@@ -47,11 +57,60 @@ pub fn register(r: &Arc<dyn Relieve>) {
 /// Asks every live reliever for memory; returns the bytes released.
 pub fn relieve() -> u64 {
     let live: Vec<Arc<dyn Relieve>> = RELIEVERS.lock().iter().filter_map(Weak::upgrade).collect();
-    let freed = live.iter().map(|r| r.relieve()).sum::<u64>()
+    live.iter().map(|r| r.relieve()).sum::<u64>()
         + crate::codec::buffers::release()
-        + crate::archive::sparse_cache::release();
-    log::warn!("memory: an allocation failed; caches gave back {freed} bytes");
-    freed
+        + crate::archive::sparse_cache::release()
+}
+
+/// The process's address-space limit (`RLIMIT_AS`), None when unlimited.
+fn address_space_limit() -> Option<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `l`.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut l) };
+    (rc == 0 && l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur)
+}
+
+/// Runs `attempt` (an allocation of `bytes`) until it succeeds: after a
+/// failure the caches give memory back and it is tried again, waiting
+/// between tries (5 ms, doubling up to 200 ms) up to [`WAIT_FOR_MEMORY`]
+/// in all; None if it never does. One log line says what happened.
+pub fn with_relief<T>(bytes: u64, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    if let Some(v) = attempt() {
+        return Some(v);
+    }
+    let t0 = Instant::now();
+    // More than the address-space limit, or than a 47-bit user address
+    // space holds: no wait makes it fit.
+    let hopeless = bytes > 1 << 47 || address_space_limit().is_some_and(|l| bytes > l);
+    let mut pause = Duration::from_millis(5);
+    let (mut freed, mut tries) = (0u64, 0u32);
+    let got = loop {
+        freed += relieve();
+        tries += 1;
+        if let Some(v) = attempt() {
+            break Some(v);
+        }
+        if hopeless || t0.elapsed() >= WAIT_FOR_MEMORY {
+            break None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(200));
+    };
+    log::warn!(
+        "memory: an allocation of {bytes} bytes failed; the caches gave back {freed} bytes \
+         over {tries} {} in {:.2} s; {}",
+        if tries == 1 { "try" } else { "tries" },
+        t0.elapsed().as_secs_f64(),
+        if got.is_some() {
+            "then it succeeded"
+        } else {
+            "it still failed"
+        }
+    );
+    got
 }
 
 /// An allocation of `bytes` failed even after the caches gave memory back.
@@ -64,15 +123,12 @@ pub struct OutOfMemory {
 /// An empty vector with room for exactly `n` elements, or an error (after
 /// the caches gave memory back) instead of an abort.
 pub fn try_vec<T>(n: usize) -> Result<Vec<T>, OutOfMemory> {
-    let mut v = Vec::new();
-    if v.try_reserve_exact(n).is_ok() {
-        return Ok(v);
-    }
-    relieve();
-    v.try_reserve_exact(n).map_err(|_| OutOfMemory {
-        bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-    })?;
-    Ok(v)
+    let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    with_relief(bytes, || {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).ok().map(|_| v)
+    })
+    .ok_or(OutOfMemory { bytes })
 }
 
 /// Checks that `bytes` more can be allocated now: reserves them (address
@@ -81,16 +137,7 @@ pub fn try_vec<T>(n: usize) -> Result<Vec<T>, OutOfMemory> {
 pub fn ensure_headroom(bytes: u64) -> Result<(), OutOfMemory> {
     let err = OutOfMemory { bytes };
     let n = usize::try_from(bytes).map_err(|_| err)?;
-    let probe = || Vec::<u8>::new().try_reserve_exact(n).is_ok();
-    if probe() {
-        return Ok(());
-    }
-    relieve();
-    if probe() {
-        Ok(())
-    } else {
-        Err(err)
-    }
+    with_relief(bytes, || Vec::<u8>::new().try_reserve_exact(n).ok()).ok_or(err)
 }
 
 #[cfg(test)]

@@ -536,15 +536,22 @@ fn million_files(dir: &Path) -> PathBuf {
 }
 
 /// Reads `path` whole in 4 MiB pieces, handing each to `check` with its
-/// offset; returns the bytes read.
-fn read_through(path: &Path, check: &mut dyn FnMut(u64, &[u8])) -> u64 {
-    let f = File::open(path).unwrap();
+/// offset; returns the bytes read, or None when a read answered EIO (the
+/// daemon could not have the memory for it: allowed, see below).
+fn read_through(path: &Path, check: &mut dyn FnMut(u64, &[u8])) -> Option<u64> {
+    let f = match File::open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => return None,
+        r => r.unwrap(),
+    };
     let mut buf = vec![0u8; 4 << 20];
     let mut at = 0u64;
     loop {
-        let n = f.read_at(&mut buf, at).unwrap();
+        let n = match f.read_at(&mut buf, at) {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => return None,
+            r => r.unwrap(),
+        };
         if n == 0 {
-            return at;
+            return Some(at);
         }
         check(at, &buf[..n]);
         at += n as u64;
@@ -566,13 +573,22 @@ fn large_archives_in_turn_leave_the_daemon_up_under_a_memory_limit() {
         &[],
     );
     limit_daemon(&m);
+    // Under 1 GiB of address space the daemon cannot always hold what
+    // these ask for at once (a parsed header of 10^6 files is about 360 MB,
+    // a block 256 MiB, and the kernel's read-ahead asks for several): a
+    // read it cannot serve answers EIO, every byte it serves is exact, and
+    // it stays up whatever the order (issue 40, item 6).
+    let mut served = Vec::new();
     // 1. The archive of 10^6 tensors, whole.
     let want = std::fs::read(&original).unwrap();
     let tensors = |m: &Mount| {
         let n = read_through(&m.path("z_1e6_tensors.safetensors"), &mut |at, b| {
             assert!(b == &want[at as usize..at as usize + b.len()], "at {at}");
         });
-        assert_eq!(n, want.len() as u64);
+        if let Some(n) = n {
+            assert_eq!(n, want.len() as u64);
+        }
+        n.is_some()
     };
     // 2. Eight blocks of 256 MiB, whole.
     let blocks = |m: &Mount| {
@@ -588,34 +604,46 @@ fn large_archives_in_turn_leave_the_daemon_up_under_a_memory_limit() {
                 }
             }
         });
-        assert_eq!(len, data_at + 8 * 256 * MIB);
+        if let Some(len) = len {
+            assert_eq!(len, data_at + 8 * 256 * MIB);
+        }
+        len.is_some()
     };
     // 3. A directory of the archive of 10^6 files.
     let files = |m: &Mount| {
-        let mut names: Vec<String> = std::fs::read_dir(m.path("b_1e6_files/d000"))
-            .unwrap()
+        let names = match std::fs::read_dir(m.path("b_1e6_files/d000")) {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => return false,
+            r => r.unwrap(),
+        };
+        let mut names: Vec<String> = names
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         names.sort();
         assert_eq!(names.len(), 1000);
         assert_eq!(names[0], "f000000");
-        assert_eq!(
-            std::fs::read_to_string(m.path("b_1e6_files/d999/f999999")).unwrap(),
-            "999999\n"
-        );
+        match std::fs::read_to_string(m.path("b_1e6_files/d999/f999999")) {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => false,
+            r => {
+                assert_eq!(r.unwrap(), "999999\n");
+                true
+            }
+        }
     };
     // The issue's order, then back the other way with the `.blz`'s index
     // and the caches full of what came before.
-    for step in [
-        &tensors as &dyn Fn(&Mount),
-        &blocks,
-        &files,
-        &blocks,
-        &tensors,
+    for (name, step) in [
+        ("tensors", &tensors as &dyn Fn(&Mount) -> bool),
+        ("blocks", &blocks),
+        ("files", &files),
+        ("blocks", &blocks),
+        ("tensors", &tensors),
     ] {
-        step(&m);
+        served.push((name, step(&m)));
         assert_alive(&mut m);
     }
+    eprintln!("served whole (false: a read answered EIO): {served:?}");
+    // The first archive, read first, always fits.
+    assert!(served[0].1, "{}", m.log_text());
     let log = m.log_text();
     for bad in ["memory allocation", "panicked"] {
         assert!(!log.contains(bad), "{log}");

@@ -57,17 +57,14 @@ pub fn zeroed(len: u64, what: &'static str) -> Result<Vec<u8>> {
     // the allocator skips the pass over it that `resize` would make.
     let layout = std::alloc::Layout::array::<u8>(len as usize)
         .map_err(|_| CodecError::Alloc { what, bytes: len })?;
-    // SAFETY: `layout` has a non-zero size.
-    let mut p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        // The caches give memory back, then once more (crate::memory).
-        crate::memory::relieve();
-        // SAFETY: as above.
-        p = unsafe { std::alloc::alloc_zeroed(layout) };
-    }
-    if p.is_null() {
-        return Err(CodecError::Alloc { what, bytes: len });
-    }
+    // On failure the caches give memory back and it is tried again, for a
+    // while (crate::memory).
+    let p = crate::memory::with_relief(len, || {
+        // SAFETY: `layout` has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        (!p.is_null()).then_some(p)
+    })
+    .ok_or(CodecError::Alloc { what, bytes: len })?;
     // SAFETY: `p` was allocated by the global allocator with the layout of
     // `len` bytes of align 1, all of them initialised (zero).
     Ok(unsafe { Vec::from_raw_parts(p, len as usize, len as usize) })

@@ -474,17 +474,12 @@ fn check_blocks(b: &BlobEntry) -> std::result::Result<(), String> {
 }
 
 fn check_files(h: &Header) -> Result<()> {
-    let mut seen: HashSet<&str> = HashSet::new();
-    seen.try_reserve(h.files.len())
-        .or_else(|_| {
-            crate::memory::relieve();
-            seen.try_reserve(h.files.len())
-        })
-        .map_err(|_| {
-            BlzError::OutOfMemory(crate::memory::OutOfMemory {
-                bytes: h.files.len() as u64 * 24,
-            })
-        })?;
+    let bytes = h.files.len() as u64 * 24;
+    let mut seen: HashSet<&str> = crate::memory::with_relief(bytes, || {
+        let mut seen = HashSet::new();
+        seen.try_reserve(h.files.len()).ok().map(|_| seen)
+    })
+    .ok_or(BlzError::OutOfMemory(crate::memory::OutOfMemory { bytes }))?;
     for f in &h.files {
         check_path(&f.path)?;
         if !seen.insert(&f.path) {
