@@ -11,7 +11,10 @@
 # Medians of RUNS runs (default 3). Needs root (drop_caches, mounts).
 # Usage: scripts/bench-load.sh [WORKDIR]   (default /tmp/ckptfs-bench-load)
 # CKPTFS_BIN=PATH measures another build of ckptfs (e.g. before a change);
-# ONLY=load skips the codec rows.
+# ONLY=load skips the codec rows; ROWS=REGEX runs only the load rows whose
+# label matches (e.g. ROWS='2 shards, .zstn store$|AutoModel').
+# Each mounted row also shows the daemon's FUSE reads, their median size and
+# the blocks it decoded per block stored (its `user.ckptfs.stats` counters).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-load}")"

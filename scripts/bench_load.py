@@ -20,11 +20,17 @@ Rows:
   dd-warm:     the same read again (page cache), against the raw file warm
 The cold loads also print the cores busy (of nproc, every process) while
 they ran, plain and mounted: all busy means CPU-bound, fewer means waiting.
+Every mounted row also shows, from the daemon's counters (the mount root's
+`user.ckptfs.stats` attribute, doc/SEMANTICS.md "Reads"), the FUSE reads it
+answered, their median size, and the blocks it decoded per block stored
+(1.00 when each block is decoded once; stored blocks from `ckptfs info
+--json`, or, for the .blz row, the distinct blocks decoded).
+ROWS=REGEX (--rows) runs only the rows whose label matches.
 
-Usage: bench_load.py CKPTFS_BIN WORKDIR [--runs N]
+Usage: bench_load.py CKPTFS_BIN WORKDIR [--runs N] [--rows REGEX]
 Needs root (drop_caches, mounts).
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
 import ml_dtypes
 import numpy as np
@@ -227,6 +233,15 @@ class Mount:
         f = open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
+    def stats(self):
+        """The daemon's read counters (reads, read_median, decoded,
+        decoded_distinct, ...); empty from a build without them."""
+        try:
+            v = os.getxattr(self.mnt, "user.ckptfs.stats").decode()
+        except OSError:
+            return {}
+        return {k: int(x) for k, x in (kv.split("=") for kv in v.split())}
+
     def __exit__(self, *exc):
         sh(self.bin, "umount", self.mnt)
         os.rmdir(self.mnt)
@@ -240,6 +255,16 @@ def timed_load(*args, preexec=None):
     """LOAD's seconds and the machine's busy cores during them."""
     t, busy = sh(PY, "-c", LOAD, *args, preexec_fn=preexec).strip().splitlines()[-1].split()
     return float(t), float(busy)
+
+
+def stored_blocks(binary, store):
+    """Blocks stored in the .zstn files of STORE (`ckptfs info --json`);
+    None when there is none (a .blz store)."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs if f.endswith(".zstn")]
+    if not files:
+        return None
+    info = json.loads(sh(binary, "info", "--json", *files))
+    return sum(t["blocks"] for f in info for t in f.get("tensor_list", []))
 
 
 def median_pair(runs, plain, mounted):
@@ -260,6 +285,8 @@ def main():
     ap.add_argument("bin")
     ap.add_argument("work")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rows", default=os.environ.get("ROWS", ""),
+                    help="run only the rows whose label matches this regex")
     ap.add_argument("--disk-mbps", default="1000,400",
                     help="comma-separated read limits in MB/s for the disk-limited rows ('' for none)")
     a = ap.parse_args()
@@ -299,6 +326,15 @@ def main():
         os.rename(blz_store + ".tmp", blz_store)
 
     rows = []
+    want = lambda label: re.search(a.rows, label) is not None
+    stored = {st: stored_blocks(a.bin, st) for st in list(stores.values()) + [blz_store]}
+    # Per row: the daemon's counters of each mounted run (medians shown).
+    counters = {}
+
+    def count(label, store, m):
+        s = m.stats()
+        if s:
+            counters.setdefault(label, []).append((s, stored[store]))
 
     def row(name, plain_s, mnt_s, cpu_s, gb, unit="s"):
         rows.append((name, plain_s, mnt_s, cpu_s, gb, unit))
@@ -315,6 +351,8 @@ def main():
     busy = {}
 
     def load_row(label, store, sub, plain, fw="numpy", limit=None):
+        if not want(label):
+            return
         pb, mb, pr, mr = [], [], [], []
         preexec = limit.enter if limit else None
 
@@ -336,7 +374,9 @@ def main():
                 c0 = m.cpu()
                 s, b = disk_read(mr, lambda: timed_load(os.path.join(m.mnt, sub), fw, preexec=preexec))
                 mb.append(b)
-                return s, m.cpu() - c0
+                c = m.cpu() - c0
+                count(label, store, m)
+                return s, c
         p, s, c = median_pair(a.runs, plain_run, mounted)
         busy[label] = (statistics.median(pb), statistics.median(mb))
         row(label, p, s, c, size_of(plain) / 1e9)
@@ -355,23 +395,32 @@ def main():
     for mbps in [int(x) for x in a.disk_mbps.split(",") if x.strip()]:
         limit = DiskLimit(work, mbps)
         label = f"cold load numpy, 1 GiB bf16 2 shards, .zstn store, disk limited to {mbps} MB/s"
+        if not want(label):
+            continue
         if limit.dir is None:
             print(f"  {label}: n/a ({limit.why})", file=sys.stderr, flush=True)
             continue
         load_row(label, stores["llama-2shard"], "llama-2shard", llama, "numpy", limit)
         limit.close()
 
+    label = "AutoModel.from_pretrained, 1 GiB bf16 2 shards"
+
     def automodel():
         with Mount(a.bin, stores["llama-2shard"], work) as m:
             drop_caches()
             c0 = m.cpu()
             s = timed_py(AUTOMODEL, os.path.join(m.mnt, "llama-2shard"))
-            return s, m.cpu() - c0
-    p, s, c = median_pair(a.runs, lambda: timed_py(AUTOMODEL, llama), automodel)
-    row("AutoModel.from_pretrained, 1 GiB bf16 2 shards", p, s, c, size_of(llama) / 1e9)
+            c = m.cpu() - c0
+            count(label, stores["llama-2shard"], m)
+            return s, c
+    if want(label):
+        p, s, c = median_pair(a.runs, lambda: timed_py(AUTOMODEL, llama), automodel)
+        row(label, p, s, c, size_of(llama) / 1e9)
 
     # Two processes at once through one mount, against one process alone
     # through the same mount (both cold).
+    two_label = "two processes at once vs one alone (both through the mount)"
+
     def two():
         with Mount(a.bin, stores["llama-2shard"], work) as m:
             drop_caches()
@@ -380,7 +429,10 @@ def main():
             ps = [subprocess.Popen([PY, "-c", LOAD, os.path.join(m.mnt, "llama-2shard"), "numpy"],
                                    stdout=subprocess.DEVNULL) for _ in range(2)]
             assert all(p.wait() == 0 for p in ps)
-            return time.perf_counter() - t, m.cpu() - c0
+            t = time.perf_counter() - t
+            c = m.cpu() - c0
+            count(two_label, stores["llama-2shard"], m)
+            return t, c
 
     def one():
         with Mount(a.bin, stores["llama-2shard"], work) as m:
@@ -389,13 +441,13 @@ def main():
             s = timed_py(LOAD, os.path.join(m.mnt, "llama-2shard"), "numpy")
             return s, m.cpu() - c0
     ones, twos, c1, c2 = [], [], [], []
-    for _ in range(a.runs):
+    for _ in range(a.runs if want(two_label) else 0):
         s, c = one(); ones.append(s); c1.append(c)
         s, c = two(); twos.append(s); c2.append(c)
-    rows.append(("two processes at once vs one alone (both through the mount)",
-                 statistics.median(ones), statistics.median(twos), statistics.median(c2),
-                 size_of(llama) / 1e9, "s"))
-    two_cpu = (statistics.median(c1), statistics.median(c2))
+    if ones:
+        rows.append((two_label, statistics.median(ones), statistics.median(twos), statistics.median(c2),
+                     size_of(llama) / 1e9, "s"))
+        two_cpu = (statistics.median(c1), statistics.median(c2))
 
     # Sequential dd of the single file, cold and warm.
     size = os.path.getsize(single)
@@ -405,7 +457,8 @@ def main():
         sh("dd", f"if={path}", "of=/dev/null", "bs=1M")
         return time.perf_counter() - t
     pc, mc, cc, pw, mw = [], [], [], [], []
-    for _ in range(a.runs):
+    dd_cold, dd_warm = "cold sequential dd bs=1M, single file", "warm re-read dd bs=1M, single file"
+    for _ in range(a.runs if want(dd_cold) else 0):
         drop_caches()
         pc.append(dd(single))
         pw.append(dd(single))
@@ -415,16 +468,30 @@ def main():
             f = os.path.join(m.mnt, "single", "model.safetensors")
             mc.append(dd(f))
             cc.append(m.cpu() - c0)
+            count(dd_cold, stores["single"], m)
             mw.append(dd(f))
     gbs = lambda t: size / 1e9 / t
-    rows.append(("cold sequential dd bs=1M, single file", gbs(statistics.median(pc)),
-                 gbs(statistics.median(mc)), statistics.median(cc), size / 1e9, "GB/s"))
-    rows.append(("warm re-read dd bs=1M, single file", gbs(statistics.median(pw)),
-                 gbs(statistics.median(mw)), float("nan"), size / 1e9, "GB/s"))
+    if pc:
+        rows.append((dd_cold, gbs(statistics.median(pc)),
+                     gbs(statistics.median(mc)), statistics.median(cc), size / 1e9, "GB/s"))
+        rows.append((dd_warm, gbs(statistics.median(pw)),
+                     gbs(statistics.median(mw)), float("nan"), size / 1e9, "GB/s"))
 
     print(f"nproc={os.cpu_count()} runs={a.runs} (medians; caches dropped and daemon remounted before every cold run)")
-    print(f"| measure | plain files | ckptfs | ckptfs/plain | daemon CPU-s per GB | cores busy of {os.cpu_count()}, plain / ckptfs |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| measure | plain files | ckptfs | ckptfs/plain | daemon CPU-s per GB | cores busy of {os.cpu_count()}, plain / ckptfs "
+          "| FUSE reads | median read KiB | blocks decoded per block stored |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+    def counted(name):
+        """Medians over the row's mounted runs of the daemon's counters."""
+        runs = counters.get(name)
+        if not runs:
+            return "- | - | -"
+        med = lambda f: statistics.median(f(s, n) for s, n in runs)
+        per = med(lambda s, n: s["decoded"] / (n or s["decoded_distinct"] or 1))
+        mark = "" if all(n for _, n in runs) else " (per distinct block)"
+        return (f"{med(lambda s, n: s['reads']):.0f} | {med(lambda s, n: s['read_median']) / 1024:.0f} "
+                f"| {per:.2f}{mark}")
     for name, p, s, c, gb, unit in rows:
         if unit == "s":
             ratio = f"{s / p:.2f}x time"
@@ -433,9 +500,10 @@ def main():
         cpu = "-" if c != c else f"{c / gb:.2f}"
         b = busy.get(name)
         cores = "-" if b is None else f"{b[0]:.2f} / {b[1]:.2f}"
-        print(f"| {name} | {p:.2f} {unit} | {s:.2f} {unit} | {ratio} | {cpu} | {cores} |")
-    print(f"two processes: daemon CPU {two_cpu[1]:.2f} s against {two_cpu[0]:.2f} s for one process "
-          f"(equal when each block is decoded once)")
+        print(f"| {name} | {p:.2f} {unit} | {s:.2f} {unit} | {ratio} | {cpu} | {cores} | {counted(name)} |")
+    if ones:
+        print(f"two processes: daemon CPU {two_cpu[1]:.2f} s against {two_cpu[0]:.2f} s for one process "
+              f"(equal when each block is decoded once)")
 
 
 if __name__ == "__main__":

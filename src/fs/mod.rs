@@ -19,7 +19,7 @@
 //!   `gguf_view`: the GGUF of each model (`mount --gguf`);
 //! - `handles`: the open-handle table; `read`: open for reading and the
 //!   read path through the block cache; [`prefetch`]: the read-ahead
-//!   window;
+//!   window; [`stats`]: counters of reads and block decodes;
 //! - [`spool`] and `write`: files written through the mount, staged and
 //!   compressed after their last close; `sys`: the libc calls they need;
 //!   [`hold`]: commits paused while `ckptfs hold` backs STORE up.
@@ -42,7 +42,8 @@
 //! before `state` is locked). Every other lock is a leaf, released before
 //! anything else is taken: the handle table, `writers`, `warned`, the
 //! write-back queue, the spool's state, a handle's `Sequential`,
-//! `gguf_views` (never held while a view is built), the block
+//! `gguf_views` (never held while a view is built), the set of decoded
+//! block keys of [`stats`], the block
 //! cache's `inner` and a flight's `state` (never held together: a flight is
 //! published after `inner` is released), and the adapter's passthrough
 //! table in `crate::fuse` (taken with no lock of this module held). Three
@@ -72,6 +73,7 @@ mod read;
 mod resolve;
 pub mod sink;
 pub mod spool;
+pub mod stats;
 mod sys;
 mod types;
 mod write;
@@ -135,6 +137,8 @@ pub struct CheckpointFs {
     open_mode: Box<[Mutex<()>]>,
     next_fh: AtomicU64,
     cache: Arc<BlockCache<ArchiveError>>,
+    /// Reads answered and blocks decoded (`user.ckptfs.stats`).
+    stats: Arc<stats::ReadStats>,
     policy: Policy,
     ttl: Duration,
     /// Backing paths already warned about (shadowed archives).
@@ -201,6 +205,7 @@ impl CheckpointFs {
                 crate::memory::register(&(c.clone() as Arc<dyn crate::memory::Relieve>));
                 c
             },
+            stats: Arc::default(),
             policy: Policy::for_cache(cfg.cache_bytes),
             ttl: cfg.ttl,
             warned: Mutex::new(HashSet::new()),
@@ -262,6 +267,11 @@ impl CheckpointFs {
 
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+
+    /// The read counters as `user.ckptfs.stats` answers them ([`stats`]).
+    pub fn read_stats(&self) -> String {
+        self.stats.render()
     }
 
     pub fn ttl(&self) -> Duration {

@@ -318,6 +318,8 @@ impl CheckpointFs {
     /// [`Self::read`] without copying when the range lies in one decoded
     /// block: the reply is then a slice of the cached block itself.
     pub fn read_data(&self, fh: u64, offset: u64, size: u32) -> Result<ReadData> {
+        self.stats.read(size);
+        log::trace!("read fh {fh} at {offset}+{size}");
         let h = self.handle(fh)?;
         match &*h {
             Handle::Plain(PlainHandle { file, remote, .. }) => {
@@ -387,7 +389,13 @@ impl CheckpointFs {
             };
             let b = self
                 .cache
-                .get_or_load(key, || archive.decode_block(k))
+                .get_or_load(key, || {
+                    let b = archive.decode_block(k);
+                    if let Ok(b) = &b {
+                        self.stats.decoded(&key, b.len());
+                    }
+                    b
+                })
                 .map_err(|e| match e {
                     FetchError::Load(e) => FsError::Decode(e),
                     FetchError::Panicked => FsError::DecodePanicked,
@@ -466,14 +474,19 @@ impl CheckpointFs {
                 continue;
             }
             let cache = self.cache.clone();
+            let stats = self.stats.clone();
             let archive = h.archive.archive.clone();
             rayon::spawn(move || {
                 // A reader may wait for this decode: it ends by the read
                 // timeout of an `s3://` store too.
                 let _deadline = crate::store::deadline::Scope::begin();
-                if let Some(Err(FetchError::Load(e))) =
-                    cache.load_if_absent(key, || archive.decode_block(k))
-                {
+                if let Some(Err(FetchError::Load(e))) = cache.load_if_absent(key, || {
+                    let b = archive.decode_block(k);
+                    if let Ok(b) = &b {
+                        stats.decoded(&key, b.len());
+                    }
+                    b
+                }) {
                     log::debug!("prefetch: {e}");
                 }
             });

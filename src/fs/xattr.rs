@@ -15,9 +15,14 @@
 //! `getfattr -n NAME` and `ckptfs info MNT/path` still show them. Nothing
 //! is decoded to answer them. Archives and `.blz` entries keep no
 //! attributes of their own: setting or removing one is ENOTSUP.
+//!
+//! The mount's root answers `user.ckptfs.stats` by name (also not listed):
+//! the read path's counters ([`super::stats`]), for benchmarks and tests;
+//! the STORE directory's own attribute of that name, if any, is hidden.
 
-use super::inode::NodeKind;
+use super::inode::{NodeKind, ROOT_INO};
 use super::resolve::not_found_is;
+use super::stats::XATTR_STATS;
 use super::{CheckpointFs, FsError, Result};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -90,6 +95,9 @@ impl CheckpointFs {
     }
 
     pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+        if ino == ROOT_INO && name.as_bytes() == XATTR_STATS.as_bytes() {
+            return Ok(self.read_stats().into_bytes());
+        }
         match self.xattr_source(ino)? {
             Source::Backing(rel) if is_user(name) => {
                 self.store.getxattr(&rel, name).map_err(no_xattr)
