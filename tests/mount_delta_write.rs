@@ -9,7 +9,9 @@
 
 mod common;
 
-use common::{ckptfs, gauss_bf16, gauss_f32, run_as_nobody, safetensors_file, Mount, Rng};
+use common::{
+    ckptfs, gauss_bf16, gauss_f32, getxattr, run_as_nobody, safetensors_file, Mount, Rng,
+};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -90,22 +92,6 @@ fn verify_ok(store: &Path) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     out
-}
-
-fn getxattr(p: &Path, name: &str) -> Option<String> {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated path and name; `buf` writable for its length.
-    let r = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
 }
 
 fn setxattr(p: &Path, name: &str, value: &str) {

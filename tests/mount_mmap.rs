@@ -9,10 +9,8 @@
 
 mod common;
 
-use common::{pack, Mount, Rng};
-use std::ffi::CString;
+use common::{getxattr, pack, Mount, Rng};
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
@@ -96,23 +94,8 @@ fn write_model(path: &Path) -> Vec<(String, std::ops::Range<u64>)> {
 
 /// The daemon's counters, by name.
 fn stats(mnt: &Path) -> std::collections::HashMap<String, u64> {
-    let p = CString::new(mnt.as_os_str().as_bytes()).unwrap();
-    let n = CString::new("user.ckptfs.stats").unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated path and name; `buf` writable for its length.
-    let r = unsafe {
-        libc::getxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    assert!(r > 0, "getxattr: {}", std::io::Error::last_os_error());
-    buf.truncate(r as usize);
-    String::from_utf8(buf)
-        .unwrap()
-        .split_whitespace()
+    let text = getxattr(mnt, "user.ckptfs.stats").expect("user.ckptfs.stats");
+    text.split_whitespace()
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap();
             (k.to_string(), v.parse().unwrap())

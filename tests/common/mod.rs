@@ -202,3 +202,20 @@ pub fn run_as_nobody(program: &str, args: &[&Path]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// Attribute `name` of `p` as text (up to 4 KiB), None when it has none.
+pub fn getxattr(p: &Path, name: &str) -> Option<String> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: NUL-terminated path and name; `buf` writable for its length.
+    let r = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+}
