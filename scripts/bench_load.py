@@ -234,13 +234,17 @@ class Mount:
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def stats(self):
-        """The daemon's read counters (reads, read_median, decoded,
-        decoded_distinct, ...); empty from a build without them."""
+        """The daemon's counters (reads, read_median, blocks_decoded,
+        decoded_distinct, ...; `decoded` before blocks_decoded was its
+        name); empty from a build without them."""
         try:
             v = os.getxattr(self.mnt, "user.ckptfs.stats").decode()
         except OSError:
             return {}
-        return {k: int(x) for k, x in (kv.split("=") for kv in v.split())}
+        s = {k: float(x) for k, x in (kv.split("=") for kv in v.split())}
+        if "decoded" in s:
+            s["blocks_decoded"] = s["decoded"]
+        return s
 
     def __exit__(self, *exc):
         sh(self.bin, "umount", self.mnt)
@@ -488,7 +492,7 @@ def main():
         if not runs:
             return "- | - | -"
         med = lambda f: statistics.median(f(s, n) for s, n in runs)
-        per = med(lambda s, n: s["decoded"] / (n or s["decoded_distinct"] or 1))
+        per = med(lambda s, n: s["blocks_decoded"] / (n or s["decoded_distinct"] or 1))
         mark = "" if all(n for _, n in runs) else " (per distinct block)"
         return (f"{med(lambda s, n: s['reads']):.0f} | {med(lambda s, n: s['read_median']) / 1024:.0f} "
                 f"| {per:.2f}{mark}")

@@ -1,7 +1,29 @@
 //! Command-line types (clap derive). Doc comments here are the `--help` text.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::path::PathBuf;
+
+/// The command line, with mount(8)'s form read as `mount`: fuse3's
+/// `mount.fuse3` runs `ckptfs STORE MNT -o OPTIONS` for a `fuse.ckptfs`
+/// line of /etc/fstab, which is `ckptfs mount STORE MNT -o OPTIONS`. Any
+/// first argument that is neither a subcommand nor a flag starts that form.
+pub fn with_mount_helper_form(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut v: Vec<OsString> = args.into_iter().collect();
+    let helper_form = v.len() >= 3
+        && v[1].to_str().is_none_or(|first| {
+            !first.starts_with('-')
+                && first != "help"
+                && !Cli::command()
+                    .get_subcommands()
+                    .any(|c| c.get_name() == first)
+        });
+    if helper_form {
+        v.insert(1, "mount".into());
+        v.insert(2, "--mount-helper".into());
+    }
+    v
+}
 
 /// ckptfs: compressed model checkpoints, served as ordinary safetensors files.
 #[derive(Debug, Parser)]
@@ -45,6 +67,8 @@ pub enum Command {
     Mount(MountArgs),
     /// Unmount a ckptfs mount.
     Umount(UmountArgs),
+    /// Print a mount's counters: bytes served, blocks decoded, cache, commits, errors, S3 traffic.
+    Stats(StatsArgs),
     /// Run a command (a backup of STORE) while the mount's daemon commits
     /// nothing to STORE: `ckptfs hold STORE -- rsync ...`.
     Hold(HoldArgs),
@@ -295,7 +319,7 @@ pub struct MountArgs {
     /// error, warn, info, debug or trace (or a RUST_LOG filter); RUST_LOG also works.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
-    /// Log file of the background daemon (default: ~/.local/state/ckptfs/mount-<mountpoint>.log).
+    /// Log file of the background daemon, or `syslog` for the system log (journald) (default: ~/.local/state/ckptfs/mount-<mountpoint>.log; syslog when mount(8) runs ckptfs from /etc/fstab).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
     /// Beside each model (a directory with config.json, or a .blz), show a read-only NAME.<CAST>.gguf, computed on demand from the store: the bytes `ckptfs export NAME --to gguf --cast CAST` writes.
@@ -322,6 +346,25 @@ pub struct MountArgs {
     /// S3 stores: the most seconds a read (or open, lookup, directory listing) waits for the server in all, whatever the retries; then it fails with EIO (default: 5 × --request-timeout).
     #[arg(long, value_name = "SECS")]
     pub read_timeout: Option<f64>,
+    /// Serve the counters of `ckptfs stats` in Prometheus's text format at http://ADDR/metrics, e.g. 127.0.0.1:9100 (off by default; only the address given is opened).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Options in mount(8)'s form, comma-separated, as /etc/fstab gives them (`ckptfs STORE MNT -o ro,allow_other,cache_size=4G`): every flag above as NAME or NAME=VALUE (`cache_size=4G`, `delta=auto`, `threads=8`), `ro`/`rw`, `allow_other`, `nonempty`, `default_permissions`, `noexec`, `noatime`, `sync`, `dirsync`; mount(8)'s own (`nofail`, `_netdev`, `noauto`, `x-systemd.*`, ...) are ignored; anything else is refused.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Run by mount(8) (`ckptfs STORE MNT -o ...`): log to syslog unless
+    /// --log-file says otherwise, print nothing on success.
+    #[arg(long, hide = true)]
+    pub mount_helper: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// The mountpoint (or any path inside the mount).
+    pub mountpoint: PathBuf,
+    /// One JSON object instead of a `name value` line per counter.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]

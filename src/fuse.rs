@@ -115,6 +115,31 @@ impl CheckpointFuse {
             }
         }
     }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: crate::fs::Result<crate::fs::Entry>) {
+        match r {
+            Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
+            Err(e) => reply.error(self.errno(&e)),
+        }
+    }
+
+    fn reply_empty(&self, reply: ReplyEmpty, r: crate::fs::Result<()>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.errno(&e)),
+        }
+    }
+
+    /// The errno answered for `e`, counted (`ckptfs stats`).
+    fn errno(&self, e: &FsError) -> Errno {
+        // An I/O error without an errno (one the daemon made, not the store's
+        // file system) becomes EIO: log it, no EIO goes without a log line.
+        if matches!(e, FsError::Io(io) if io.raw_os_error().is_none()) {
+            log::warn!("answering EIO: {e}");
+        }
+        self.fs.count_error(e.errno());
+        Errno::from_i32(e.errno())
+    }
 }
 
 fn caller(req: &Request) -> Caller {
@@ -122,29 +147,6 @@ fn caller(req: &Request) -> Caller {
         uid: req.uid(),
         gid: req.gid(),
     }
-}
-
-fn reply_entry(reply: ReplyEntry, r: crate::fs::Result<crate::fs::Entry>) {
-    match r {
-        Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-fn reply_empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-fn errno(e: &FsError) -> Errno {
-    // An I/O error without an errno (one the daemon made, not the store's
-    // file system) becomes EIO: log it, no EIO goes without a log line.
-    if matches!(e, FsError::Io(io) if io.raw_os_error().is_none()) {
-        log::warn!("answering EIO: {e}");
-    }
-    Errno::from_i32(e.errno())
 }
 
 fn file_type(k: FileKind) -> FileType {
@@ -241,7 +243,7 @@ impl Filesystem for CheckpointFuse {
         let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.lookup(parent.0, name) {
             Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -254,7 +256,7 @@ impl Filesystem for CheckpointFuse {
         let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.getattr_fh(ino.0, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&self.fs.attr_ttl(ino.0), &file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -262,7 +264,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -277,7 +279,7 @@ impl Filesystem for CheckpointFuse {
                     None => reply.opened(FileHandle(fh), f),
                 }
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -309,7 +311,7 @@ impl Filesystem for CheckpointFuse {
                     None => reply.created(&e.ttl, &attr, Generation(0), FileHandle(fh), f),
                 }
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -327,7 +329,7 @@ impl Filesystem for CheckpointFuse {
     ) {
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -341,7 +343,7 @@ impl Filesystem for CheckpointFuse {
     ) {
         match self.fs.fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -356,7 +358,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.fsyncdir(ino.0) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -372,7 +374,7 @@ impl Filesystem for CheckpointFuse {
     ) {
         match self.fs.fallocate(fh.0, offset, length, mode) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -411,7 +413,7 @@ impl Filesystem for CheckpointFuse {
         };
         match self.fs.setattr(ino.0, a, fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&self.fs.attr_ttl(ino.0), &file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -426,7 +428,7 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyEntry,
     ) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_entry(
+        self.reply_entry(
             reply,
             self.fs.mknod(parent.0, name, mode, rdev, caller(req)),
         );
@@ -442,7 +444,7 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyEntry,
     ) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_entry(reply, self.fs.mkdir(parent.0, name, mode, caller(req)));
+        self.reply_entry(reply, self.fs.mkdir(parent.0, name, mode, caller(req)));
     }
 
     fn symlink(
@@ -454,7 +456,7 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyEntry,
     ) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_entry(
+        self.reply_entry(
             reply,
             self.fs.symlink(parent.0, link_name, target, caller(req)),
         );
@@ -469,17 +471,17 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyEntry,
     ) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_entry(reply, self.fs.link(ino.0, newparent.0, newname));
+        self.reply_entry(reply, self.fs.link(ino.0, newparent.0, newname));
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_empty(reply, self.fs.unlink(parent.0, name));
+        self.reply_empty(reply, self.fs.unlink(parent.0, name));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_empty(reply, self.fs.rmdir(parent.0, name));
+        self.reply_empty(reply, self.fs.rmdir(parent.0, name));
     }
 
     fn rename(
@@ -493,7 +495,7 @@ impl Filesystem for CheckpointFuse {
         reply: ReplyEmpty,
     ) {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
-        reply_empty(
+        self.reply_empty(
             reply,
             self.fs
                 .rename(parent.0, name, newparent.0, newname, flags.bits()),
@@ -513,8 +515,11 @@ impl Filesystem for CheckpointFuse {
     ) {
         let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.read_data(fh.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
+            Ok(d) => {
+                self.fs.count_served(d.len());
+                reply.data(&d)
+            }
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -577,7 +582,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -593,7 +598,7 @@ impl Filesystem for CheckpointFuse {
         let _deadline = crate::store::deadline::Scope::begin();
         match self.fs.readdir(fh.0, offset, &mut out) {
             Ok(()) => out.0.ok(),
-            Err(e) => out.0.error(errno(&e)),
+            Err(e) => out.0.error(self.errno(&e)),
         }
     }
 
@@ -614,7 +619,7 @@ impl Filesystem for CheckpointFuse {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -622,7 +627,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.getxattr(ino.0, name) {
             Ok(v) => reply_xattr(reply, &v, size),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -630,7 +635,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.listxattr(ino.0) {
             Ok(v) => reply_xattr(reply, &v, size),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -647,7 +652,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.setxattr(ino.0, name, value, flags) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -655,7 +660,7 @@ impl Filesystem for CheckpointFuse {
         let _as = self.fs.on_behalf(req.uid(), req.gid(), req.pid());
         match self.fs.removexattr(ino.0, name) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod fs;
 pub mod fsutil;
 pub mod fuse;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 pub mod pack;
 pub mod store;

@@ -3,7 +3,8 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     ckptfs::tune_allocator();
-    let cli = ckptfs::cli::Cli::parse();
+    let cli =
+        ckptfs::cli::Cli::parse_from(ckptfs::cli::with_mount_helper_form(std::env::args_os()));
     if !matches!(cli.command, ckptfs::cli::Command::Mount(_)) {
         // A command whose output is piped into `head` ends quietly when the
         // reader goes away, as other Unix tools do, instead of panicking in

@@ -11,11 +11,13 @@ mod hold;
 mod info;
 mod list;
 mod mount;
+mod mount_options;
 mod mount_s3;
 mod pack;
 mod patch;
 mod s3;
 mod seal;
+mod stats;
 mod unpack;
 mod verify;
 mod z4delta;
@@ -41,7 +43,14 @@ pub struct Global {
     pub quiet: bool,
 }
 
-pub fn run(cli: Cli) -> Result<ExitCode> {
+pub fn run(mut cli: Cli) -> Result<ExitCode> {
+    if let Command::Mount(a) = &mut cli.command {
+        // `-o` lists (mount(8)'s form) before anything else: `threads=`
+        // sizes the worker pool below.
+        if let Some(n) = mount_options::apply(a).map_err(anyhow::Error::msg)? {
+            cli.threads = Some(n);
+        }
+    }
     // Named workers: started lazily, the pool's threads took the name of
     // whichever thread first used it (in the mount, a FUSE thread), so
     // `top -H` and profiles showed the decoders as one FUSE thread.
@@ -100,6 +109,7 @@ fn run_command(g: Global, cli: Cli) -> Result<ExitCode> {
         Command::Apply(a) => patch::apply(g, a),
         Command::Mount(a) => mount::run(g, a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
+        Command::Stats(a) => stats::run(g, a),
         Command::Hold(a) => hold::run(g, a),
     }
 }

@@ -150,6 +150,17 @@ pub(super) fn in_ckptfs_mount(path: &Path) -> bool {
         .is_some_and(|(_, ckptfs)| ckptfs)
 }
 
+/// The root of the ckptfs mount that `path` (canonical) lies in: the
+/// longest mount point that is its prefix, if that is a ckptfs mount.
+pub(super) fn ckptfs_mount_of(path: &Path) -> Option<PathBuf> {
+    mounts()
+        .into_iter()
+        .map(|(m, ckptfs)| (PathBuf::from(unescape(&m)), ckptfs))
+        .filter(|(m, _)| path.starts_with(m))
+        .max_by_key(|(m, _)| m.as_os_str().len())
+        .and_then(|(m, ckptfs)| ckptfs.then_some(m))
+}
+
 pub(super) fn log_path(mountpoint: &Path) -> PathBuf {
     let base = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
@@ -222,7 +233,15 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
         None => DEFAULT_CACHE_BYTES,
     };
     if a.foreground {
-        foreground(&a, store, mountpoint, cache_bytes, threads, None)
+        foreground(
+            &a,
+            store,
+            mountpoint,
+            cache_bytes,
+            threads,
+            None,
+            Vec::new(),
+        )
     } else {
         background(&a, &mountpoint, threads)
     }
@@ -255,11 +274,28 @@ pub(super) fn background(
             .with_context(|| a.store.display().to_string())?;
         drop(WriterLock::acquire(&store)?);
     }
-    let log = a.log_file.clone().unwrap_or_else(|| log_path(mountpoint));
+    // The log goes to the system log with `--log-file syslog`, and by
+    // default when mount(8) runs ckptfs (an fstab line); the daemon's
+    // stdio (a panic, an error before it logs) still goes to the file.
+    // Without a syslog daemon (no /dev/log: a container, say) the file
+    // keeps the lines that would be lost.
+    let syslog = match a.log_file.as_deref() {
+        Some(f) => f == Path::new(SYSLOG),
+        None => a.mount_helper,
+    } && Path::new("/dev/log").exists();
+    let log = match &a.log_file {
+        Some(f) if !syslog => f.clone(),
+        _ => log_path(mountpoint),
+    };
+    let shown = if syslog {
+        format!("syslog (journalctl -t ckptfs); stdio: {}", log.display())
+    } else {
+        log.display().to_string()
+    };
     if let Some(dir) = log.parent().filter(|d| !d.as_os_str().is_empty()) {
         // The state directory (ckptfs's own: 0700) or the directory of
         // --log-file (0755), and the usual 0755 for parents made on the way.
-        let own = a.log_file.is_none();
+        let own = a.log_file.is_none() || syslog;
         crate::fsutil::create_dirs(dir, if own { 0o700 } else { 0o755 }, 0o755)
             .with_context(|| dir.display().to_string())?;
     }
@@ -298,6 +334,9 @@ pub(super) fn background(
     if let Some(l) = &a.log_level {
         cmd.arg("--log-level").arg(l);
     }
+    if syslog {
+        cmd.arg("--log-file").arg(SYSLOG);
+    }
     if let Some(c) = a.gguf {
         cmd.arg("--gguf").arg(super::export::cast_of(c).name());
     }
@@ -320,6 +359,13 @@ pub(super) fn background(
     if let Some(t) = a.read_timeout {
         cmd.arg("--read-timeout").arg(t.to_string());
     }
+    if let Some(m) = &a.metrics_addr {
+        cmd.arg("--metrics-addr").arg(m);
+    }
+    // The kernel flags left of `-o` (mount_options).
+    for o in &a.options {
+        cmd.arg("-o").arg(o);
+    }
     cmd.stdin(std::process::Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -336,13 +382,16 @@ pub(super) fn background(
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if mountinfo_has(mountpoint) {
-            println!(
-                "ckptfs: mounted {} at {} (pid {}); log: {}",
-                a.store.display(),
-                mountpoint.display(),
-                child.id(),
-                log.display()
-            );
+            // mount(8) says nothing when a mount succeeds: neither does
+            // its helper.
+            if !a.mount_helper {
+                println!(
+                    "ckptfs: mounted {} at {} (pid {}); log: {shown}",
+                    a.store.display(),
+                    mountpoint.display(),
+                    child.id(),
+                );
+            }
             return Ok(ExitCode::SUCCESS);
         }
         let exited = child.try_wait()?;
@@ -359,7 +408,7 @@ pub(super) fn background(
                 msg.push_str("\n  ");
                 msg.push_str(l);
             }
-            msg.push_str(&format!("\n  (log: {})", log.display()));
+            msg.push_str(&format!("\n  (log: {shown})"));
             anyhow::bail!(msg);
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -486,7 +535,13 @@ fn raise_read_ahead(mountpoint: &Path, kib: u32) {
 
 /// The daemon's logger (stderr, which is the log file in the background);
 /// a second call does nothing.
-pub(super) fn init_logger(level: Option<String>) {
+/// `--log-file syslog`: the daemon logs to the system log (journald
+/// reads it), as a mount from /etc/fstab does by default.
+pub(super) const SYSLOG: &str = "syslog";
+
+/// The daemon's logger: stderr (the log file in the background), or the
+/// system log.
+pub(super) fn init_logger(level: Option<String>, syslog: bool) {
     // fuser logs a warning when the session, ended by an unmount, tries to
     // unmount again on exit (EINVAL): noise on every umount.
     let mut b = env_logger::Builder::from_env(
@@ -497,10 +552,18 @@ pub(super) fn init_logger(level: Option<String>) {
     }
     let inner = b.build();
     let max = inner.filter();
-    if log::set_boxed_logger(Box::new(QuietGoneRequests(inner))).is_ok() {
+    if syslog {
+        // SAFETY: the identity is a static NUL-terminated string, which
+        // openlog keeps a pointer to.
+        unsafe { libc::openlog(c"ckptfs".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
+    }
+    if log::set_boxed_logger(Box::new(QuietGoneRequests { inner, syslog })).is_ok() {
         log::set_max_level(max);
     }
 }
+
+/// A counter the fs does not keep (an S3 store's), read at each ask.
+pub(super) type MoreMetric = Box<dyn Fn() -> crate::fs::stats::Metric + Send + Sync>;
 
 pub(super) fn foreground(
     a: &MountArgs,
@@ -509,8 +572,12 @@ pub(super) fn foreground(
     cache_bytes: u64,
     threads: Option<usize>,
     sink: Option<std::sync::Arc<dyn crate::fs::sink::Sink>>,
+    more_metrics: Vec<MoreMetric>,
 ) -> Result<ExitCode> {
-    init_logger(a.log_level.clone());
+    init_logger(
+        a.log_level.clone(),
+        a.log_file.as_deref() == Some(Path::new(SYSLOG)),
+    );
     // Decoded blocks are ~1 MiB and are allocated and freed constantly.
     // Served by mmap, each one cost an mmap, 256 page faults with zeroing
     // and a munmap (45% of the daemon's time in a cold read was kernel page
@@ -554,7 +621,17 @@ pub(super) fn foreground(
         Some(crate::cli::DeltaMode::Auto) => fs.with_delta_auto(),
         None => fs,
     };
+    let fs = more_metrics.into_iter().fold(fs, |fs, m| fs.with_metric(m));
     let fs = std::sync::Arc::new(fs);
+    if let Some(addr) = &a.metrics_addr {
+        let addr: std::net::SocketAddr = addr.parse().map_err(|_| {
+            anyhow::anyhow!("--metrics-addr {addr}: not an address like 127.0.0.1:9100")
+        })?;
+        let src = fs.clone();
+        let bound = crate::metrics::serve(addr, std::sync::Arc::new(move || src.counters()))
+            .with_context(|| format!("--metrics-addr {addr}"))?;
+        log::info!("metrics at http://{bound}/metrics");
+    }
     // Modes of created files arrive with the caller's umask applied; the
     // daemon's own must not apply twice.
     // SAFETY: umask only changes this process's file creation mask.
@@ -576,6 +653,9 @@ pub(super) fn foreground(
     if a.read_only {
         config.mount_options.push(MountOption::RO);
     }
+    config
+        .mount_options
+        .extend(super::mount_options::kernel_flags(&a.options));
     config.acl = if a.allow_other {
         SessionACL::All
     } else {
@@ -597,6 +677,8 @@ pub(super) fn foreground(
     // stat() of the mountpoint needs the session running: not on this thread.
     let mp = mountpoint.clone();
     std::thread::spawn(move || raise_read_ahead(&mp, 16 << 10));
+    // A unit of `Type=notify` is started once the mount is up.
+    sd_notify("READY=1");
     log::info!(
         "mounted {} at {} ({} threads, cache {} MiB)",
         store.display(),
@@ -613,6 +695,7 @@ pub(super) fn foreground(
             // this thread ends (dropping `signals` only detaches it), so
             // later signals are ignored while the daemon finishes.
             if signals.forever().next().is_some() {
+                sd_notify("STOPPING=1");
                 log::info!("signal received; unmounting {}", mp.display());
                 if let Err(e) = unmounter.unmount() {
                     log::info!("unmount: {e}; detaching lazily");
@@ -623,6 +706,7 @@ pub(super) fn foreground(
     session
         .run()
         .with_context(|| mountpoint.display().to_string())?;
+    sd_notify("STOPPING=1");
     fs.stop_writeback();
     let _ = writeback.join();
     // Files closed just before the unmount: compress them now rather than
@@ -645,7 +729,11 @@ pub(super) fn foreground(
     if let Err(e) = daemon_state::write_outcome(&mountpoint, &left) {
         log::error!("{}: {e}", daemon_state::outcome_path(&mountpoint).display());
     }
-    log::info!("unmounted {}", mountpoint.display());
+    log::info!(
+        "unmounted {}: {}",
+        mountpoint.display(),
+        fs.counters().summary()
+    );
     let _ = std::io::stderr().flush();
     Ok(if left.is_empty() {
         ExitCode::SUCCESS
@@ -658,21 +746,66 @@ pub(super) fn foreground(
 /// request the kernel no longer has (ENOENT from /dev/fuse: the request was
 /// interrupted, or the connection ended during an unmount). Nothing was
 /// lost: whoever asked is gone. Every other reply failure is still logged.
-struct QuietGoneRequests(env_logger::Logger);
+struct QuietGoneRequests {
+    inner: env_logger::Logger,
+    /// To the system log (env_logger still filters).
+    syslog: bool,
+}
 
 impl log::Log for QuietGoneRequests {
     fn enabled(&self, m: &log::Metadata) -> bool {
-        self.0.enabled(m)
+        self.inner.enabled(m)
     }
     fn log(&self, r: &log::Record) {
         let gone = r.target() == "fuser::reply"
             && r.args().to_string().contains("No such file or directory");
-        if !gone {
-            self.0.log(r);
+        if gone || !self.inner.matches(r) {
+            return;
+        }
+        if !self.syslog {
+            self.inner.log(r);
+            return;
+        }
+        let prio = match r.level() {
+            log::Level::Error => libc::LOG_ERR,
+            log::Level::Warn => libc::LOG_WARNING,
+            log::Level::Info => libc::LOG_INFO,
+            log::Level::Debug | log::Level::Trace => libc::LOG_DEBUG,
+        };
+        // One line per record: a NUL (never in a message worth keeping)
+        // would end it early, so it is dropped.
+        let line = format!("{}: {}", r.target(), r.args()).replace('\0', "");
+        if let Ok(c) = std::ffi::CString::new(line) {
+            // SAFETY: a constant format and one NUL-terminated argument.
+            unsafe { libc::syslog(prio, c"%s".as_ptr(), c.as_ptr()) };
         }
     }
     fn flush(&self) {
-        self.0.flush();
+        self.inner.flush();
+    }
+}
+
+/// Tells systemd (a unit of `Type=notify`, which sets `NOTIFY_SOCKET`)
+/// how the daemon is doing: `READY=1` once mounted, `STOPPING=1` when it
+/// unmounts. Nothing without `NOTIFY_SOCKET`.
+fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = std::os::unix::net::UnixDatagram::unbound().and_then(|s| {
+        let b = path.as_encoded_bytes();
+        match b.strip_prefix(b"@") {
+            // An abstract socket address.
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+                s.send_to_addr(state.as_bytes(), &addr)
+            }
+            None => s.send_to(state.as_bytes(), &path),
+        }
+    });
+    if let Err(e) = sent {
+        log::warn!("cannot notify systemd ({state}): {e}");
     }
 }
 

@@ -22,7 +22,7 @@
 //! two daemons filling one mirror would race on its files, and the spool
 //! is the daemon's own.
 
-use super::mount::{background, foreground, init_logger, parse_size};
+use super::mount::{background, foreground, init_logger, parse_size, SYSLOG};
 use super::Result;
 use crate::cli::MountArgs;
 use crate::fs::sink::Sink;
@@ -92,7 +92,10 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
     if !a.foreground {
         return background(&a, &mountpoint, threads);
     }
-    init_logger(a.log_level.clone());
+    init_logger(
+        a.log_level.clone(),
+        a.log_file.as_deref() == Some(std::path::Path::new(SYSLOG)),
+    );
     crate::store::deadline::set_read_timeout(Duration::from_secs_f64(read_timeout));
     let cache_dir = a
         .cache_dir
@@ -147,6 +150,7 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         disk_limit(&cache_dir, a.disk_cache_size.as_deref())?,
         page_size(&cache_dir),
     );
+    let disk = budget.clone();
     let mirror = Arc::new(
         Mirror::open(client, &cache_dir, budget)
             .with_context(|| cache_dir.display().to_string())?,
@@ -171,6 +175,7 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         cache_bytes,
         threads,
         sink,
+        s3_metrics(disk),
     );
     // The range sets fetched since the last background save: the next
     // mount serves those bytes without the server.
@@ -180,6 +185,44 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
     }
     drop(lock);
     r
+}
+
+/// The S3 store's counters for `ckptfs stats` (`store::traffic`).
+fn s3_metrics(disk: Arc<Budget>) -> Vec<super::mount::MoreMetric> {
+    use crate::fs::stats::Metric;
+    use crate::store::traffic::{REQUESTS, RETRIES, SENT_BYTES};
+    use std::sync::atomic::Ordering::Relaxed;
+    vec![
+        Box::new(|| {
+            Metric::counter(
+                "s3_requests",
+                "Requests sent to the S3 server, retries included",
+                REQUESTS.load(Relaxed),
+            )
+        }),
+        Box::new(|| {
+            let fetched = crate::store::remote::FETCHED_BYTES.load(Relaxed);
+            Metric::counter(
+                "s3_bytes",
+                "Bytes of objects fetched from and uploaded to the S3 server",
+                fetched + SENT_BYTES.load(Relaxed),
+            )
+        }),
+        Box::new(|| {
+            Metric::counter(
+                "s3_retries",
+                "S3 requests that failed and were retried (or ran out of retries)",
+                RETRIES.load(Relaxed),
+            )
+        }),
+        Box::new(move || {
+            Metric::gauge(
+                "disk_cache_bytes",
+                "Bytes the local cache of the S3 store holds",
+                disk.used(),
+            )
+        }),
+    ]
 }
 
 /// Where the cache directory records multipart uploads in progress.

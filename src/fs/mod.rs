@@ -139,6 +139,9 @@ pub struct CheckpointFs {
     cache: Arc<BlockCache<ArchiveError>>,
     /// Reads answered and blocks decoded (`user.ckptfs.stats`).
     stats: Arc<stats::ReadStats>,
+    /// Counters the fs does not keep itself (an S3 store's), read when
+    /// the counters are asked for ([`CheckpointFs::with_metric`]).
+    more_metrics: Vec<Box<dyn Fn() -> stats::Metric + Send + Sync>>,
     policy: Policy,
     ttl: Duration,
     /// Backing paths already warned about (shadowed archives).
@@ -206,6 +209,7 @@ impl CheckpointFs {
                 c
             },
             stats: Arc::default(),
+            more_metrics: Vec::new(),
             policy: Policy::for_cache(cfg.cache_bytes),
             ttl: cfg.ttl,
             warned: Mutex::new(HashSet::new()),
@@ -269,9 +273,58 @@ impl CheckpointFs {
         self.cache.stats()
     }
 
-    /// The read counters as `user.ckptfs.stats` answers them ([`stats`]).
+    /// Adds a counter that `f` reads when the counters are asked for.
+    pub fn with_metric(mut self, f: impl Fn() -> stats::Metric + Send + Sync + 'static) -> Self {
+        self.more_metrics.push(Box::new(f));
+        self
+    }
+
+    /// Every counter: the read path's, the cache's, the write-back's and
+    /// any added with [`Self::with_metric`] (`user.ckptfs.stats`, `ckptfs
+    /// stats`, `--metrics-addr`).
+    pub fn counters(&self) -> stats::Snapshot {
+        use stats::Metric;
+        let c = self.cache.stats();
+        let mut more = vec![
+            Metric::counter("cache_hits", "Block lookups the cache answered", c.hits),
+            Metric::counter(
+                "cache_misses",
+                "Block lookups that decoded the block",
+                c.misses,
+            ),
+            Metric::gauge(
+                "cache_bytes",
+                "Bytes of decoded blocks held in the cache",
+                c.bytes,
+            ),
+            Metric::gauge(
+                "cache_blocks",
+                "Decoded blocks held in the cache",
+                c.blocks as u64,
+            ),
+            Metric::gauge(
+                "writeback_queued",
+                "Written files staged and not yet committed to the store",
+                self.staged_count() as u64,
+            ),
+        ];
+        more.extend(self.more_metrics.iter().map(|f| f()));
+        self.stats.snapshot(more)
+    }
+
+    /// The counters as `user.ckptfs.stats` answers them ([`stats`]).
     pub fn read_stats(&self) -> String {
-        self.stats.render()
+        self.counters().render()
+    }
+
+    /// An error answered to the kernel (counted by errno).
+    pub fn count_error(&self, errno: i32) {
+        self.stats.error(errno);
+    }
+
+    /// A reply to a read carried `len` bytes.
+    pub fn count_served(&self, len: usize) {
+        self.stats.served(len);
     }
 
     pub fn ttl(&self) -> Duration {

@@ -390,9 +390,10 @@ impl CheckpointFs {
             let b = self
                 .cache
                 .get_or_load(key, || {
+                    let t = std::time::Instant::now();
                     let b = archive.decode_block(k);
                     if let Ok(b) = &b {
-                        self.stats.decoded(&key, b.len());
+                        self.stats.decoded(&key, b.len(), t.elapsed());
                     }
                     b
                 })
@@ -481,9 +482,10 @@ impl CheckpointFs {
                 // timeout of an `s3://` store too.
                 let _deadline = crate::store::deadline::Scope::begin();
                 if let Some(Err(FetchError::Load(e))) = cache.load_if_absent(key, || {
+                    let t = std::time::Instant::now();
                     let b = archive.decode_block(k);
                     if let Ok(b) = &b {
-                        stats.decoded(&key, b.len());
+                        stats.decoded(&key, b.len(), t.elapsed());
                     }
                     b
                 }) {

@@ -17,8 +17,10 @@
 //! attributes of their own: setting or removing one is ENOTSUP.
 //!
 //! The mount's root answers `user.ckptfs.stats` by name (also not listed):
-//! the read path's counters ([`super::stats`]), for benchmarks and tests;
-//! the STORE directory's own attribute of that name, if any, is hidden.
+//! the daemon's counters ([`super::stats`]), for `ckptfs stats`,
+//! benchmarks and tests, to the mount's owner and root only (EACCES to
+//! other users of an `--allow-other` mount); the STORE directory's own
+//! attribute of that name, if any, is hidden.
 
 use super::inode::{NodeKind, ROOT_INO};
 use super::resolve::not_found_is;
@@ -96,6 +98,15 @@ impl CheckpointFs {
 
     pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
         if ino == ROOT_INO && name.as_bytes() == XATTR_STATS.as_bytes() {
+            // The mount's owner's (and root's): with --allow-other, other
+            // users see the files, not what the daemon has served.
+            if let Some(c) = super::beneath::current_caller() {
+                // SAFETY: geteuid has no preconditions.
+                let owner = unsafe { libc::geteuid() };
+                if c.uid != 0 && c.uid != owner {
+                    return Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EACCES)));
+                }
+            }
             return Ok(self.read_stats().into_bytes());
         }
         match self.xattr_source(ino)? {

@@ -37,3 +37,4 @@ pub mod remote;
 pub mod s3;
 pub mod sso;
 pub mod sts;
+pub mod traffic;

@@ -300,6 +300,7 @@ impl S3Client {
         };
         let store = b
             .with_client_options(client)
+            .with_http_connector(super::traffic::CountingConnector)
             .with_retry(retry)
             .build()
             .map_err(|e| other(format!("{url}: {e}")))?;

@@ -76,6 +76,7 @@ impl CheckpointFs {
                     );
                     return;
                 }
+                self.stats.commit(false);
                 let again = format!("; tried again in {} s", retry.as_secs());
                 // An upload's message names the object (its URL).
                 let name = match &self.sink {
@@ -126,6 +127,7 @@ impl CheckpointFs {
             }
             Ok(true) => {
                 self.writeback.succeeded(id);
+                self.stats.commit(true);
                 if let Some(Packed { raw, stored, .. }) = packed {
                     log::info!(
                         "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
@@ -148,6 +150,7 @@ impl CheckpointFs {
                     );
                     return;
                 }
+                self.stats.commit(false);
                 log::error!(
                     "{}: commit failed, the file stays staged and readable: {e}",
                     current.target.display()
