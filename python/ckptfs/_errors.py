@@ -24,3 +24,8 @@ class FormatError(Error, ValueError):
 
 class StorageError(Error, OSError):
     """Reading or writing failed."""
+
+
+# Shown as ckptfs.Error etc. in tracebacks (they are exported there).
+for _c in (Error, FormatError, StorageError):
+    _c.__module__ = "ckptfs"
