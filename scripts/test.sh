@@ -30,6 +30,16 @@ step() {
 step "setting up the test environment (first run on a machine: fuse3, a Python venv of about 5 GB with torch, llama.cpp built from source: several minutes)" \
   bash scripts/setup-test-env.sh
 step "checking formatting (cargo fmt)" cargo fmt --all -- --check
-step "linting (cargo clippy; builds the tests)" cargo clippy --locked --all-targets -q -- -D warnings
+# --workspace: the Python package's native module (python/) too.
+step "linting (cargo clippy; builds the tests)" cargo clippy --locked --workspace --all-targets -q -- -D warnings
 # A wedged mount must fail CI, not hang it.
 step "running every test (cargo test; about 30 min)" timeout 1800 cargo test --locked --all-targets -q
+# The Python package: its native module built into the venv with the dev
+# profile and this target directory (the ckptfs crate and its dependencies
+# are already compiled: only the binding builds), then its tests, which
+# drive the CLI that `cargo test` built.
+VENV="${CKPTFS_VENV:-$PWD/.venv}"
+step "building the Python package (maturin develop)" \
+  env VIRTUAL_ENV="$VENV" "$VENV/bin/maturin" develop --locked -q
+step "running the Python package's tests (pytest)" \
+  timeout 900 "$VENV/bin/python" -m pytest -q python/tests
