@@ -196,9 +196,28 @@ pub struct PackArgs {
     /// zstd level for opaque (integer, bool, fp8) tensors.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub level: i32,
+    /// Frame layouts to write. `ckptfs` (default): float tensors in split-float frames where they pay (about twice as fast to decode; z4ai 0.2.0 cannot read them). `z4ai`: only frames z4ai 0.2.0 reads. INPUT may be a .zstn to repack it either way.
+    #[arg(long, value_enum, default_value_t = CompatArg::Ckptfs)]
+    pub compat: CompatArg,
     /// Replace existing output files.
     #[arg(short, long)]
     pub force: bool,
+}
+
+/// `--compat`: which frame layouts a writer may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompatArg {
+    Ckptfs,
+    Z4ai,
+}
+
+impl From<CompatArg> for crate::pack::Compat {
+    fn from(c: CompatArg) -> Self {
+        match c {
+            CompatArg::Ckptfs => crate::pack::Compat::Ckptfs,
+            CompatArg::Z4ai => crate::pack::Compat::Z4ai,
+        }
+    }
 }
 
 /// The `.blz` layouts `pack` writes.
@@ -313,6 +332,9 @@ pub struct MountArgs {
     /// and recompressed to `.zstn` after they are closed.
     #[arg(long)]
     pub read_only: bool,
+    /// Frame layouts the write-back uses (as `pack --compat`): `z4ai` writes only frames z4ai 0.2.0 reads.
+    #[arg(long, value_enum, default_value_t = CompatArg::Ckptfs)]
+    pub compat: CompatArg,
     /// Serve only archives with checksums (ckptfs-written, or sealed with `ckptfs seal`); a z4ai-written .zstn is listed, but opening it fails (EIO).
     #[arg(long)]
     pub require_checksums: bool,

@@ -6,7 +6,7 @@
 //! reading the old version.
 
 mod common;
-use ckptfs::pack::{pack, PackOptions};
+use ckptfs::pack::{pack, Compat, PackOptions};
 use common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,10 +35,16 @@ fn fixture() -> Vec<u8> {
     )
 }
 
+/// `--compat z4ai`: the frames z4ai 0.2.0 reads, byte for byte as before
+/// split-float frames existed.
 #[test]
 fn packed_bytes_are_stable() {
     let mut out = Vec::new();
-    pack(&fixture(), &mut out, PackOptions::default(), &|_| {}).unwrap();
+    let opts = PackOptions {
+        compat: Compat::Z4ai,
+        ..PackOptions::default()
+    };
+    pack(&fixture(), &mut out, opts, &|_| {}).unwrap();
     // Structure, field by field, as doc/FORMAT.md describes it.
     assert_eq!(&out[..4], b"ZSTN");
     assert_eq!(out[4], 3, "ZSTN version");
@@ -82,6 +88,66 @@ fn packed_bytes_are_stable() {
 
 const GOLDEN_LEN: usize = 7380;
 const GOLDEN_DIGEST: &str = "2c77464e47612b4b";
+
+/// Float tensors large enough for split-float frames (doc/FORMAT.md §1):
+/// bf16, fp16 and fp32, element counts that are not multiples of the 32
+/// rANS states.
+fn split_fixture() -> Vec<u8> {
+    let mut rng = Rng(7);
+    safetensors_file(
+        &[
+            ("bf16", "BF16", vec![6001], gauss_bf16(&mut rng, 6001, 0.02)),
+            ("fp16", "F16", vec![4099], gauss_f16(&mut rng, 4099, 0.05)),
+            ("fp32", "F32", vec![3001], gauss_f32(&mut rng, 3001, 0.02)),
+        ],
+        None,
+    )
+}
+
+/// The default writer's split-float frames: packing the fixture writes
+/// exactly the committed `split-float.zstn`, whose frames are split-float
+/// (rANS-32 top bytes), and the committed file unpacks to the fixture.
+/// `CKPTFS_BLESS=1` rewrites it (after a version bump, see above).
+#[test]
+fn split_float_bytes_are_stable() {
+    use ckptfs::archive::{ArchiveView, ZstnArchive};
+    let input = split_fixture();
+    let mut out = Vec::new();
+    pack(&input, &mut out, PackOptions::default(), &|_| {}).unwrap();
+    let path = golden_path("split-float.zstn");
+    if std::env::var_os("CKPTFS_BLESS").is_some_and(|v| v == "1") {
+        fs::write(&path, &out).unwrap();
+    }
+    let want = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let a = ZstnArchive::open(&path).unwrap();
+    let mut kinds = Vec::new();
+    for u in 0..a.units() as u32 {
+        let f = ckptfs::format::frame::Frame::parse(a.frame_bytes(u)).unwrap();
+        kinds.push((f.kind_tag(), f.plane_methods()));
+    }
+    assert_eq!(
+        kinds,
+        [
+            ("Z4AI/split-float/w2".to_string(), vec![6, 0]),
+            // This fp16 tensor's top bytes (5.6 bits of 132 symbols) cost
+            // more than SPLIT_SLACK more with 12-bit probabilities than
+            // with method 4's 14-bit ones: the writer keeps byte-plane.
+            ("Z4AI/byteplane/w2".to_string(), vec![0, 4]),
+            ("Z4AI/split-float/w4".to_string(), vec![6, 0]),
+        ],
+        "frame layouts of the golden file"
+    );
+    let mut back = Vec::new();
+    ckptfs::commands::unpack_to(&a, &mut back).unwrap();
+    assert!(
+        back == input,
+        "the golden split-float file unpacks to other bytes"
+    );
+    assert!(
+        out == want,
+        "the bytes ckptfs writes changed: bump the CKX1 format version if intended"
+    );
+}
 
 /// A fixed small model directory: two shards with BF16, F32 and I64
 /// tensors (one BF16 tensor tied across them), config.json and a binary

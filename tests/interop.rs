@@ -1,5 +1,6 @@
 //! z4ai 0.2.0 (PyPI, in the venv that scripts/setup-test-env.sh builds)
-//! decodes every file ckptfs writes, byte for byte.
+//! decodes every file ckptfs writes with `--compat z4ai`, byte for byte,
+//! and ckptfs reads its default files (split-float frames) exactly.
 
 mod common;
 use common::*;
@@ -79,14 +80,52 @@ fn z4ai_decodes_every_file_ckptfs_writes() {
             Some(r#"{"format":"pt","note":"é"}"#),
         ),
     ));
+    // Each file is packed with the default layouts (split-float frames,
+    // which z4ai does not read) into `own`, which ckptfs unpacks exactly;
+    // then that archive is repacked with `--compat z4ai` beside the
+    // original, for z4ai to decode.
+    let own = tempfile::tempdir().unwrap();
     for (name, bytes) in &inputs {
         let src = d.join(format!("{name}.safetensors"));
         std::fs::write(&src, bytes).unwrap();
-        let out = ckptfs(&["pack", "-q", src.to_str().unwrap()]);
+        let default = own.path().join(format!("{name}.zstn"));
+        let back = own.path().join(format!("{name}.safetensors"));
+        let z4 = d.join(format!("{name}.zstn"));
+        for args in [
+            vec![
+                "pack",
+                "-q",
+                src.to_str().unwrap(),
+                "-o",
+                default.to_str().unwrap(),
+            ],
+            vec![
+                "unpack",
+                "-q",
+                default.to_str().unwrap(),
+                "-o",
+                back.to_str().unwrap(),
+            ],
+            vec![
+                "pack",
+                "-q",
+                default.to_str().unwrap(),
+                "--compat",
+                "z4ai",
+                "-o",
+                z4.to_str().unwrap(),
+            ],
+        ] {
+            let out = ckptfs(&args);
+            assert!(
+                out.status.success(),
+                "{name}: ckptfs {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            std::fs::read(&back).unwrap() == *bytes,
+            "{name}: the default archive unpacks to other bytes"
         );
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/z4ai_decode.py");

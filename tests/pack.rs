@@ -366,11 +366,35 @@ fn info_shows_per_tensor_transform_methods_and_ratio() {
         .lines()
         .find(|l| l.trim_start().starts_with("w "))
         .unwrap();
+    // The default layout: split-float, top bytes rANS-32, low bytes stored.
     assert!(
-        w.contains("Z4AI/bitfield/bfloat16")
-            && w.contains("rans_o0_adaptive")
-            && w.contains("zstd_blocks"),
+        w.contains("Z4AI/split-float/w2") && w.contains("[rans32,store]"),
         "{w}"
+    );
+    // `--compat z4ai`, repacking the archive: z4ai's bit-field layout.
+    let z4 = dir.path().join("m.z4ai.zstn");
+    let zstn = dir.path().join("m.zstn");
+    let o = ckptfs(&[
+        "pack",
+        "-q",
+        zstn.to_str().unwrap(),
+        "--compat",
+        "z4ai",
+        "-o",
+        z4.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out4 = ckptfs(&["info", z4.to_str().unwrap()]);
+    let s4 = String::from_utf8_lossy(&out4.stdout);
+    let w4 = s4
+        .lines()
+        .find(|l| l.trim_start().starts_with("w "))
+        .unwrap();
+    assert!(
+        w4.contains("Z4AI/bitfield/bfloat16")
+            && w4.contains("rans_o0_adaptive")
+            && w4.contains("zstd_blocks"),
+        "{w4}"
     );
     let ids = s
         .lines()

@@ -1,4 +1,4 @@
-//! Frame parser and decoders (Z4AI, ZSP1/ZRT1, ZPL1, every plane method).
+//! Frame parser and decoders (Z4AI with ckptfs's split-float transform, ZSP1/ZRT1, ZPL1, every plane method, rANS-32 included).
 #![no_main]
 use ckptfs::format::frame::{block_grid, Frame};
 use libfuzzer_sys::fuzz_target;

@@ -54,6 +54,7 @@ impl Z4aiFrame<'_> {
             Transform::BytePlane(1) => {
                 plane::decode_plane(self.planes[0].method, self.planes[0].payload, body)
             }
+            Transform::Split(_) => self.decode_split(body),
             _ => {
                 let unstored: u64 = self
                     .planes
@@ -69,6 +70,31 @@ impl Z4aiFrame<'_> {
                 self.join_parallel(&refs, body)
             }
         }
+    }
+
+    /// A split-float body: block by block (in parallel) through
+    /// [`ElementAccess::decode_elements`], which decodes each block's top
+    /// bytes and joins them in one pass; planes that are not
+    /// block-structured (not written by ckptfs) are decoded whole and joined.
+    fn decode_split(&self, body: &mut [u8]) -> Result<()> {
+        use rayon::prelude::*;
+        let Some(access) = self.element_access()? else {
+            let decoded = decode_planes_parallel(&self.planes)?;
+            let refs: Vec<&[u8]> = decoded.iter().map(|p| &**p).collect();
+            return self.join(&refs, 0, body);
+        };
+        let grid = access.grid();
+        let eb = self.elem_bytes() as usize;
+        let tables = RansTables::default();
+        let mut outs: Vec<(u64, u64, &mut [u8])> = Vec::with_capacity(grid.len());
+        let mut rest = &mut *body;
+        for w in grid.windows(2) {
+            let (o, r) = rest.split_at_mut((w[1] - w[0]) as usize * eb);
+            outs.push((w[0], w[1], o));
+            rest = r;
+        }
+        outs.into_par_iter()
+            .try_for_each(|(a, b, o)| access.decode_elements(a, b, &tables, o))
     }
 
     /// Decodes a large body one plane at a time into one reused buffer,
@@ -98,7 +124,9 @@ impl Z4aiFrame<'_> {
             match self.transform {
                 Transform::BytePlane(w) => transform::byteplane_put(bytes, i, w as usize, body)?,
                 Transform::Bitfield(spec) => transform::bitfield_put(spec, i, bytes, body)?,
-                Transform::Opaque => unreachable!("opaque frames have one plane"),
+                Transform::Opaque | Transform::Split(_) => {
+                    unreachable!("opaque and split frames do not come here")
+                }
             }
         }
         Ok(())
@@ -200,7 +228,7 @@ impl Z4aiFrame<'_> {
         let splittable = match self.transform {
             Transform::BytePlane(_) => true,
             Transform::Bitfield(spec) => spec.mant_planes() == 1,
-            Transform::Opaque => false,
+            Transform::Opaque | Transform::Split(_) => false,
         };
         if !splittable || n <= GROUP || planes.iter().any(|p| p.is_empty()) {
             return self.join(planes, 0, body);
@@ -231,6 +259,17 @@ impl Z4aiFrame<'_> {
                 Ok(())
             }
             Transform::BytePlane(_) => transform::byteplane_join(planes, body),
+            Transform::Split(w) => {
+                let (w, n) = (w as usize, body.len() / w as usize);
+                if planes.len() != 2 || planes[0].len() != n || planes[1].len() != n * (w - 1) {
+                    return Err(CodecError::invalid(
+                        "split-float frame",
+                        "plane lengths do not fit the body",
+                    ));
+                }
+                super::split::join(w, planes[0], planes[1], body);
+                Ok(())
+            }
             Transform::Bitfield(spec) => {
                 let n = body.len() / spec.elem_bytes();
                 let mants: Vec<&[u8]> = (0..spec.mant_planes())
@@ -284,6 +323,9 @@ impl ElementAccess<'_> {
         if self.frame.transform == Transform::Opaque {
             // One plane, bytes are elements: decode straight into the output.
             return self.blocks[0].decode_range(a..b, tables.get(0), out);
+        }
+        if let Transform::Split(w) = self.frame.transform {
+            return self.decode_split(w as usize, a, b, out);
         }
         if let Some(r) = self.decode_bf16_fused(a, b, tables, out) {
             return r;
@@ -343,7 +385,95 @@ impl ElementAccess<'_> {
     }
 }
 
+/// Symbols the split-float decoder decodes before joining them (in L1).
+const SPLIT_TILE: usize = 4096;
+
 impl ElementAccess<'_> {
+    /// Elements `[a, b)` of a split-float frame: the low bytes read in
+    /// place (stored) or decoded into scratch; the top bytes, when rANS-32
+    /// blocks, decoded a tile at a time and joined into `out` at once
+    /// (no plane of top bytes is written to memory); otherwise decoded
+    /// into scratch and joined. Every byte of `out` is written.
+    fn decode_split(&self, w: usize, a: u64, b: u64, out: &mut [u8]) -> Result<()> {
+        use super::rans32;
+        struct Scratch {
+            table: rans32::Table,
+            rest: Vec<u8>,
+            top: Vec<u8>,
+        }
+        thread_local! {
+            static SPLIT: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
+        }
+        let r = w - 1;
+        let (ra, rb) = (a * r as u64, b * r as u64);
+        SPLIT.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let s = slot.get_or_insert_with(|| Scratch {
+                table: rans32::Table::default(),
+                rest: Vec::new(),
+                top: Vec::new(),
+            });
+            let rest: &[u8] = match &self.blocks[1] {
+                PlaneBlocks::Stored(p) => &p[ra as usize..rb as usize],
+                blk => {
+                    super::grow_zeroed(&mut s.rest, rb - ra, "split-float low bytes")?;
+                    let buf = &mut s.rest[..(rb - ra) as usize];
+                    blk.decode_range(ra..rb, None, buf)?;
+                    buf
+                }
+            };
+            let res = match &self.blocks[0] {
+                PlaneBlocks::Rans32(z) => {
+                    let blk = &self.blocks[0];
+                    let mut tile = [0u8; SPLIT_TILE];
+                    (|| -> Result<()> {
+                        for j in blk.block_of(a)..=blk.block_of(b - 1) {
+                            let bnd = z.bounds(j);
+                            let (lo, hi) = (a.max(bnd.start), b.min(bnd.end));
+                            let len = (bnd.end - bnd.start) as usize;
+                            let mut dec =
+                                rans32::BlockDecoder::new(&mut s.table, z.payload(j), len)?;
+                            let mut at = bnd.start;
+                            while at < hi {
+                                let t = SPLIT_TILE.min((bnd.end - at) as usize);
+                                dec.next_tile(&mut tile[..t])?;
+                                let (x, y) = (at.max(lo), (at + t as u64).min(hi));
+                                if x < y {
+                                    let (i0, i1) = ((x - a) as usize, (y - a) as usize);
+                                    super::split::join(
+                                        w,
+                                        &tile[(x - at) as usize..(y - at) as usize],
+                                        &rest[i0 * r..i1 * r],
+                                        &mut out[i0 * w..i1 * w],
+                                    );
+                                }
+                                at += t as u64;
+                            }
+                            if hi == bnd.end {
+                                dec.finish()?;
+                            }
+                        }
+                        Ok(())
+                    })()
+                }
+                blk => (|| -> Result<()> {
+                    super::grow_zeroed(&mut s.top, b - a, "split-float top bytes")?;
+                    let top = &mut s.top[..(b - a) as usize];
+                    blk.decode_range(a..b, None, top)?;
+                    super::split::join(w, top, rest, out);
+                    Ok(())
+                })(),
+            };
+            if s.rest.len() > super::SCRATCH_KEEP {
+                s.rest = Vec::new();
+            }
+            if s.top.len() > super::SCRATCH_KEEP {
+                s.top = Vec::new();
+            }
+            res
+        })
+    }
+
     /// bf16 elements `[a, b)` whose exponent and mantissa planes are rANS
     /// chunks of one chunking, decoded together and joined as they come
     /// out of the vector decoder ([`rans::decode_chunk_pairs`]): neither

@@ -23,7 +23,9 @@ mod join_avx2;
 mod join_avx512;
 pub mod plane;
 pub mod rans;
+pub mod rans32;
 pub mod sparse;
+pub mod split;
 #[cfg(target_arch = "x86_64")]
 mod split_avx2;
 #[cfg(target_arch = "x86_64")]

@@ -1,7 +1,8 @@
-//! Decoding of plane methods 0-5 of the Z4AI frame (z4ai `backend.py`), and
-//! random access inside the block-structured ones.
+//! Decoding of plane methods 0-5 of the Z4AI frame (z4ai `backend.py`) and
+//! ckptfs's method 6 (`rans32`), and random access inside the
+//! block-structured ones.
 //!
-//! Methods 0 (stored), 2 (zstd blocks) and 4 (adaptive rANS chunks) can be
+//! Methods 0 (stored), 2 (zstd blocks), 4 (adaptive rANS chunks) and 6 can be
 //! decoded piecewise: [`PlaneBlocks`] (parsed in `format::plane`, with the
 //! method ids, re-exported here) describes a plane's independent blocks, and
 //! [`PlaneBlocks::decode_range`] decodes only the blocks that cover a byte
@@ -9,7 +10,8 @@
 
 use super::{rans, zstd, CodecError, Result};
 pub use crate::format::plane::{
-    method_name, PlaneBlocks, ZstdBlocks, RANS, RANS_ADAPT, RANS_O1, STORE, ZSTD, ZSTD_BLOCKS,
+    method_name, PlaneBlocks, ZstdBlocks, RANS, RANS32, RANS_ADAPT, RANS_O1, STORE, ZSTD,
+    ZSTD_BLOCKS,
 };
 use std::ops::Range;
 
@@ -43,6 +45,20 @@ pub fn decode_plane(method: u8, payload: &[u8], out: &mut [u8]) -> Result<()> {
         RANS => rans::decode_method3(payload, out)?,
         RANS_ADAPT => rans::decode_method4(payload, out)?,
         RANS_O1 => rans::decode_method5(payload, out)?,
+        RANS32 => {
+            let blocks = ZstdBlocks::parse_as(payload, out.len() as u64, "rans32 blocks")?;
+            use rayon::prelude::*;
+            let bs = blocks.block_size as usize;
+            let work = |(i, chunk): (usize, &mut [u8])| {
+                super::rans32::decode_block_here(blocks.payload(i), chunk)
+            };
+            if out.len() >= 1 << 20 {
+                out.par_chunks_mut(bs).enumerate().try_for_each(work)?;
+            } else {
+                out.chunks_mut(bs).enumerate().try_for_each(work)?;
+            }
+            return Ok(());
+        }
         m => {
             return Err(CodecError::invalid(
                 "plane",
@@ -97,6 +113,7 @@ impl PlaneBlocks<'_> {
             };
             match self {
                 PlaneBlocks::Zstd(z) => z.decode_block(i, target)?,
+                PlaneBlocks::Rans32(z) => super::rans32::decode_block_here(z.payload(i), target)?,
                 PlaneBlocks::Rans(_) | PlaneBlocks::Stored(_) => unreachable!(),
             }
             if !whole {

@@ -27,7 +27,10 @@ pub fn open(path: &Path) -> Result<BlzArchive> {
 pub fn pack(g: Global, src: &Path, out: &Path, raw: bool, level: i32, force: bool) -> Result<()> {
     let opts = BlzOptions {
         raw,
-        pack: PackOptions { level },
+        pack: PackOptions {
+            level,
+            ..PackOptions::default()
+        },
     };
     let t = Instant::now();
     let total = crate::pack::walk(src, None)

@@ -183,6 +183,8 @@ pub(super) fn log_path(mountpoint: &Path) -> PathBuf {
 }
 
 pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode> {
+    // The write-back's commits take `PackOptions::default()`.
+    crate::pack::set_default_compat(a.compat.into());
     if let Some(url) = a.store.to_str().and_then(crate::store::s3::S3Url::parse) {
         let url = url.map_err(anyhow::Error::msg)?;
         if a.gguf.is_some() {
@@ -321,6 +323,9 @@ pub(super) fn background(
     }
     if a.read_only {
         cmd.arg("--read-only");
+    }
+    if a.compat == crate::cli::CompatArg::Z4ai {
+        cmd.arg("--compat").arg("z4ai");
     }
     if a.require_checksums {
         cmd.arg("--require-checksums");

@@ -47,7 +47,18 @@ pub fn pack_file(
     force: bool,
 ) -> Result<PackStats> {
     let m = map(input)?;
-    let bytes: &[u8] = m.as_deref().unwrap_or(&[]);
+    let mut bytes: &[u8] = m.as_deref().unwrap_or(&[]);
+    // A .zstn is repacked (e.g. `--compat z4ai` and back): decoded in
+    // memory, every block checked against its digests, then packed.
+    let decoded;
+    if bytes.starts_with(b"ZSTN") {
+        let a = crate::archive::ZstnArchive::open(input)
+            .with_context(|| input.display().to_string())?;
+        let mut v = Vec::new();
+        super::unpack_to(&a, &mut v).with_context(|| input.display().to_string())?;
+        decoded = v;
+        bytes = &decoded;
+    }
     // Validate first so that nothing is written for a malformed input.
     crate::format::safetensors::split_file(bytes).with_context(|| input.display().to_string())?;
     let pb = progress(g, bytes.len() as u64, "pack");
@@ -78,7 +89,10 @@ fn report(input: &Path, output: &Path, s: &PackStats, secs: f64) {
 }
 
 pub fn run(g: Global, a: PackArgs) -> Result<ExitCode> {
-    let opts = PackOptions { level: a.level };
+    let opts = PackOptions {
+        level: a.level,
+        compat: a.compat.into(),
+    };
     if let Some(base) = &a.base {
         super::delta::pack_against(g, &a.input, base, a.output.as_deref(), opts, a.force)?;
         return Ok(ExitCode::SUCCESS);

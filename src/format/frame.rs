@@ -141,6 +141,11 @@ pub enum Transform {
     Opaque,
     BytePlane(u8),
     Bitfield(BitfieldSpec),
+    /// Transform 3, ckptfs's split-float layout (z4ai 0.2.0 refuses it):
+    /// each `w`-byte element rotated left by one bit (the sign moves to
+    /// bit 0), plane 0 its top byte (the exponent, or most of it), plane 1
+    /// its other `w − 1` bytes, element by element, low byte first.
+    Split(u8),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -234,7 +239,7 @@ fn parse_plane<'a>(c: &mut Cursor<'a>) -> Result<PlaneRef<'a>> {
             ))
         }
         plane::ZSTD => check_zstd_size(payload, orig_len, "zstd plane")?,
-        m if m > plane::RANS_O1 => {
+        m if m > plane::RANS32 => {
             return Err(CodecError::invalid(
                 "plane",
                 format!("unknown plane method {m}"),
@@ -277,6 +282,7 @@ impl<'a> Frame<'a> {
                     Transform::Opaque => "Z4AI/opaque".to_string(),
                     Transform::BytePlane(w) => format!("Z4AI/byteplane/w{w}"),
                     Transform::Bitfield(spec) => format!("Z4AI/bitfield/{}", spec.name),
+                    Transform::Split(w) => format!("Z4AI/split-float/w{w}"),
                 };
                 if !f.tail.is_empty() {
                     s.push_str("+tail");
@@ -405,6 +411,24 @@ fn parse_z4ai(bytes: &[u8]) -> Result<Z4aiFrame<'_>> {
             }
             Transform::Bitfield(spec)
         }
+        3 => {
+            if !(2..=8).contains(&width) || n_planes != 2 {
+                return Err(CodecError::invalid(
+                    "split-float frame",
+                    format!("width {width} with {n_planes} planes"),
+                ));
+            }
+            if planes[0].orig_len.checked_mul(width as u64 - 1) != Some(planes[1].orig_len) {
+                return Err(CodecError::invalid(
+                    "split-float frame",
+                    format!(
+                        "a {}-byte low plane for {} elements of {width} bytes",
+                        planes[1].orig_len, planes[0].orig_len
+                    ),
+                ));
+            }
+            Transform::Split(width)
+        }
         t => {
             return Err(CodecError::invalid(
                 "Z4AI frame",
@@ -432,6 +456,7 @@ impl<'a> Z4aiFrame<'a> {
             Transform::Bitfield(spec) => self.planes[1]
                 .orig_len
                 .saturating_mul(spec.elem_bytes() as u64),
+            Transform::Split(w) => self.planes[0].orig_len.saturating_mul(w as u64),
         }
     }
 
@@ -441,10 +466,11 @@ impl<'a> Z4aiFrame<'a> {
             Transform::Opaque => 1,
             Transform::BytePlane(w) => w as u64,
             Transform::Bitfield(spec) => spec.elem_bytes() as u64,
+            Transform::Split(w) => w as u64,
         }
     }
 
-    fn element_access(&self) -> Result<Option<ElementAccess<'a>>> {
+    pub(crate) fn element_access(&self) -> Result<Option<ElementAccess<'a>>> {
         let mut blocks = Vec::with_capacity(self.planes.len());
         for p in &self.planes {
             match PlaneBlocks::parse(p.method, p.payload, p.orig_len)? {
@@ -483,6 +509,10 @@ impl<'a> ElementAccess<'a> {
                     .map(|k| k * n + a..k * n + b)
                     .collect()
             }
+            (Transform::Split(w), 1) => {
+                let r = w as u64 - 1;
+                vec![a * r..b * r]
+            }
             _ => vec![a..b],
         }
     }
@@ -498,8 +528,10 @@ impl<'a> ElementAccess<'a> {
                 let piece = match b {
                     PlaneBlocks::Stored(_) => 0,
                     // Every block but the last is block_size long.
-                    PlaneBlocks::Zstd(z) if z.count() > 0 => z.bounds(0).end - z.bounds(0).start,
-                    PlaneBlocks::Zstd(_) => 0,
+                    PlaneBlocks::Zstd(z) | PlaneBlocks::Rans32(z) if z.count() > 0 => {
+                        z.bounds(0).end - z.bounds(0).start
+                    }
+                    PlaneBlocks::Zstd(_) | PlaneBlocks::Rans32(_) => 0,
                     // Chunks are [j*n/k, (j+1)*n/k): none is longer than ceil(n/k).
                     PlaneBlocks::Rans(r) => r.len().div_ceil(r.chunks().max(1) as u64),
                 };
@@ -535,6 +567,9 @@ impl<'a> ElementAccess<'a> {
                 // Not the packed sign bits; a multi-byte mantissa plane
                 // carries element boundaries in its first byte plane.
                 Transform::Bitfield(_) => (i != 0, n),
+                // The low bytes' blocks are those of the top bytes (the
+                // writer cuts both at the same elements).
+                Transform::Split(_) => (i == 0, n),
                 _ => (true, n),
             };
             if !element_plane || b.count() <= 1 {
@@ -542,7 +577,7 @@ impl<'a> ElementAccess<'a> {
             }
             let step = match b {
                 PlaneBlocks::Stored(_) => continue,
-                PlaneBlocks::Zstd(_) => 1,
+                PlaneBlocks::Zstd(_) | PlaneBlocks::Rans32(_) => 1,
                 PlaneBlocks::Rans(_) => plane::CHUNK_GROUP,
             };
             let starts: Vec<u64> = (0..b.count())
@@ -579,7 +614,7 @@ impl<'a> ElementAccess<'a> {
                 }
                 match blk {
                     PlaneBlocks::Stored(p) => out.push(rel(&p[r.start as usize..r.end as usize])),
-                    PlaneBlocks::Zstd(z) => {
+                    PlaneBlocks::Zstd(z) | PlaneBlocks::Rans32(z) => {
                         for j in blk.block_of(r.start)..=blk.block_of(r.end - 1) {
                             out.push(rel(z.payload(j)));
                         }
@@ -668,7 +703,7 @@ pub fn fetch_structure(
         };
         match method {
             plane::STORE => {}
-            plane::ZSTD_BLOCKS => {
+            plane::ZSTD_BLOCKS | plane::RANS32 => {
                 let n = le(&field!(8)[4..8]);
                 field!(n.saturating_mul(4));
             }
@@ -914,6 +949,7 @@ pub fn render_z4ai(transform: Transform, tail: &[u8], planes: &[PlaneOut]) -> Ve
         Transform::Opaque => (0, 1, b""),
         Transform::BytePlane(w) => (1, w, b""),
         Transform::Bitfield(spec) => (2, 0, spec.name.as_bytes()),
+        Transform::Split(w) => (3, w, b""),
     };
     let total: usize = planes.iter().map(|p| 17 + p.payload.len()).sum();
     let mut v = Vec::with_capacity(16 + dcode.len() + tail.len() + total);

@@ -19,6 +19,10 @@ pub const ZSTD_BLOCKS: u8 = 2;
 pub const RANS: u8 = 3;
 pub const RANS_ADAPT: u8 = 4;
 pub const RANS_O1: u8 = 5;
+/// ckptfs's own method (z4ai 0.2.0 does not read it): blocks of rANS with
+/// 32 interleaved states and 12-bit probabilities (`codec::rans32`), with
+/// the block table of method 2.
+pub const RANS32: u8 = 6;
 
 pub fn method_name(m: u8) -> &'static str {
     match m {
@@ -28,6 +32,7 @@ pub fn method_name(m: u8) -> &'static str {
         RANS => "rans_o0",
         RANS_ADAPT => "rans_o0_adaptive",
         RANS_O1 => "rans_o1",
+        RANS32 => "rans32",
         _ => "unknown",
     }
 }
@@ -37,6 +42,8 @@ pub enum PlaneBlocks<'a> {
     Stored(&'a [u8]),
     Zstd(ZstdBlocks<'a>),
     Rans(AdaptivePayload<'a>),
+    /// Method 6: the block table of method 2, rANS-32 blocks.
+    Rans32(ZstdBlocks<'a>),
 }
 
 impl<'a> PlaneBlocks<'a> {
@@ -45,6 +52,11 @@ impl<'a> PlaneBlocks<'a> {
         Ok(match method {
             STORE => Some(PlaneBlocks::Stored(payload)),
             ZSTD_BLOCKS => Some(PlaneBlocks::Zstd(ZstdBlocks::parse(payload, orig_len)?)),
+            RANS32 => Some(PlaneBlocks::Rans32(ZstdBlocks::parse_as(
+                payload,
+                orig_len,
+                "rans32 blocks",
+            )?)),
             RANS_ADAPT => {
                 let p = AdaptivePayload::parse(payload)?;
                 if p.len() != orig_len {
@@ -64,7 +76,7 @@ impl<'a> PlaneBlocks<'a> {
     pub fn count(&self) -> usize {
         match self {
             PlaneBlocks::Stored(_) => 1,
-            PlaneBlocks::Zstd(z) => z.count(),
+            PlaneBlocks::Zstd(z) | PlaneBlocks::Rans32(z) => z.count(),
             PlaneBlocks::Rans(r) => r.chunks(),
         }
     }
@@ -72,7 +84,7 @@ impl<'a> PlaneBlocks<'a> {
     pub fn bounds(&self, i: usize) -> Range<u64> {
         match self {
             PlaneBlocks::Stored(p) => 0..p.len() as u64,
-            PlaneBlocks::Zstd(z) => z.bounds(i),
+            PlaneBlocks::Zstd(z) | PlaneBlocks::Rans32(z) => z.bounds(i),
             PlaneBlocks::Rans(r) => r.chunk_bounds(i),
         }
     }
@@ -81,7 +93,7 @@ impl<'a> PlaneBlocks<'a> {
     pub fn block_of(&self, pos: u64) -> usize {
         match self {
             PlaneBlocks::Stored(_) => 0,
-            PlaneBlocks::Zstd(z) => (pos / z.block_size as u64) as usize,
+            PlaneBlocks::Zstd(z) | PlaneBlocks::Rans32(z) => (pos / z.block_size as u64) as usize,
             PlaneBlocks::Rans(r) => {
                 // Chunk j starts at floor(j*n/k); search is exact and cheap.
                 let (mut lo, mut hi) = (0usize, r.chunks());
@@ -99,7 +111,7 @@ impl<'a> PlaneBlocks<'a> {
     }
 }
 
-/// A parsed method-2 payload.
+/// A parsed method-2 payload (and the block table of method 6).
 #[derive(Debug, Clone)]
 pub struct ZstdBlocks<'a> {
     pub block_size: u32,
@@ -111,11 +123,16 @@ pub struct ZstdBlocks<'a> {
 
 impl<'a> ZstdBlocks<'a> {
     pub fn parse(payload: &'a [u8], orig_len: u64) -> Result<Self> {
+        Self::parse_as(payload, orig_len, "zstd blocks")
+    }
+
+    /// [`ZstdBlocks::parse`], errors naming the plane `what`.
+    pub fn parse_as(payload: &'a [u8], orig_len: u64, what: &'static str) -> Result<Self> {
         let mut c = Cursor::new(payload);
-        let block_size = c.u32("zstd blocks header")?;
-        let n = c.u32("zstd blocks header")? as u64;
+        let block_size = c.u32(what)?;
+        let n = c.u32(what)? as u64;
         if block_size == 0 && orig_len > 0 {
-            return Err(CodecError::invalid("zstd blocks", "block size 0"));
+            return Err(CodecError::invalid(what, "block size 0"));
         }
         let expect = if orig_len == 0 {
             0
@@ -124,24 +141,24 @@ impl<'a> ZstdBlocks<'a> {
         };
         if n != expect {
             return Err(CodecError::invalid(
-                "zstd blocks",
+                what,
                 format!("{n} blocks of {block_size} bytes cannot hold {orig_len} bytes"),
             ));
         }
-        let table = c.take(n * 4, "zstd blocks length table")?;
+        let table = c.take(n * 4, what)?;
         let mut offsets = Vec::with_capacity(n as usize + 1);
         let mut pos = 0usize;
         offsets.push(0);
         for l in table.chunks_exact(4) {
             pos = pos
                 .checked_add(u32::from_le_bytes(l.try_into().unwrap()) as usize)
-                .ok_or_else(|| CodecError::invalid("zstd blocks", "length overflow"))?;
+                .ok_or_else(|| CodecError::invalid(what, "length overflow"))?;
             offsets.push(pos);
         }
         let data = c.rest();
         if pos != data.len() {
             return Err(CodecError::invalid(
-                "zstd blocks",
+                what,
                 format!("block lengths sum to {pos}, payload holds {}", data.len()),
             ));
         }

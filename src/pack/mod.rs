@@ -55,11 +55,46 @@ pub enum PackError {
 pub struct PackOptions {
     /// zstd level for opaque frames.
     pub level: i32,
+    /// Which frame layouts the writer may use.
+    pub compat: Compat,
 }
 
 impl Default for PackOptions {
+    /// Level 3 and the process's default layout set ([`set_default_compat`]).
     fn default() -> Self {
-        PackOptions { level: 3 }
+        PackOptions {
+            level: 3,
+            compat: default_compat(),
+        }
+    }
+}
+
+/// The frame layouts a writer may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compat {
+    /// Every layout ckptfs reads, among them the split-float frames
+    /// (doc/FORMAT.md §1) that z4ai 0.2.0 does not read.
+    #[default]
+    Ckptfs,
+    /// Only frames z4ai 0.2.0 reads (the layouts ckptfs wrote before
+    /// split-float frames).
+    Z4ai,
+}
+
+static DEFAULT_COMPAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets the layouts of `PackOptions::default()` for this process: what
+/// `ckptfs mount --compat z4ai` uses for the mount's write-back, whose
+/// commits build their options with `Default::default()`.
+pub fn set_default_compat(c: Compat) {
+    DEFAULT_COMPAT.store(c == Compat::Z4ai, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn default_compat() -> Compat {
+    if DEFAULT_COMPAT.load(std::sync::atomic::Ordering::Relaxed) {
+        Compat::Z4ai
+    } else {
+        Compat::Ckptfs
     }
 }
 

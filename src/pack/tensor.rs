@@ -2,7 +2,12 @@
 //! plus the CKX1 digests of that frame. Both writers use it, so a tensor is
 //! encoded the same way in a `.zstn` and in a `.blz`.
 //!
-//! Per tensor:
+//! Per tensor (default, [`Compat::Ckptfs`]): BF16, F16 and F32 try the
+//! split-float frame ([`split_frame`]: top byte in rANS-32 blocks, the
+//! other bytes stored), which decodes about twice as fast, and keep it
+//! unless the z4ai layout below is smaller by more than [`SPLIT_SLACK`].
+//!
+//! With `--compat z4ai` ([`Compat::Z4ai`]), and as the fallback:
 //! - BF16 and F32: bit-field frame (sign stored, exponent rANS, mantissa
 //!   zstd), or byte-plane when no chunk count divides the element count;
 //! - F16 / F64 (and C64 as pairs of F32): byte-plane frame;
@@ -21,7 +26,7 @@
 //!
 //! No I/O: the writers own the files.
 
-use super::{PackError, PackOptions};
+use super::{Compat, PackError, PackOptions};
 use crate::codec::plane::{self, encode_zstd_blocks};
 use crate::codec::rans;
 use crate::codec::transform::{self, BFLOAT16};
@@ -44,10 +49,29 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
     if raw.len() < TINY {
         return opaque_frame(raw, opts);
     }
+    let old = |w: usize| match w {
+        2 if dtype == Some(Dtype::BF16) => bf16_frame(raw),
+        2 => byteplane_frame(raw, 2),
+        _ => fp32_frame(raw),
+    };
+    let split_w = match dtype {
+        Some(Dtype::BF16) | Some(Dtype::F16) => Some(2),
+        Some(Dtype::F32) => Some(4),
+        _ => None,
+    };
     let primary = match dtype {
-        Some(Dtype::BF16) => Some(bf16_frame(raw)),
-        Some(Dtype::F16) => Some(byteplane_frame(raw, 2)),
-        Some(Dtype::F32) => Some(fp32_frame(raw)),
+        _ if opts.compat == Compat::Ckptfs && split_w.is_some() => {
+            let w = split_w.expect("checked");
+            let (s, o) = rayon::join(|| split_frame(raw, w), || old(w));
+            Some(if s.len() as f64 <= o.len() as f64 * (1.0 + SPLIT_SLACK) {
+                s
+            } else {
+                o
+            })
+        }
+        Some(Dtype::BF16) | Some(Dtype::F16) | Some(Dtype::F32) => {
+            Some(old(split_w.expect("float")))
+        }
         Some(Dtype::C64) => Some(byteplane_frame(raw, 4)),
         Some(Dtype::F64) => Some(byteplane_frame(raw, 8)),
         _ => None,
@@ -541,6 +565,51 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
     render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
 }
 
+/// How much larger than the z4ai layout a split-float frame may be and
+/// still be chosen: it decodes about twice as fast (doc/FORMAT.md §1).
+pub const SPLIT_SLACK: f64 = 0.002;
+
+/// A low-bytes plane goes in zstd blocks only when they save at least
+/// 1/`ZSTD_REST_MIN` of it: decoding zstd costs more than the top bytes.
+const ZSTD_REST_MIN: usize = 16;
+
+/// The split-float frame (transform 3) of `w`-byte floats: the top byte
+/// of each element (rotated left one bit: the exponent) in rANS-32
+/// blocks, the other bytes stored, or in zstd blocks where that saves a
+/// sixteenth; both planes cut at the same elements, [`block_elems`] per
+/// block. If the top bytes do not compress, both planes are stored.
+fn split_frame(raw: &[u8], w: usize) -> Vec<u8> {
+    let n = raw.len() / w;
+    let (top, rest) = crate::codec::split::split(&raw[..n * w], w);
+    let e = block_elems(w);
+    let (t, r) = rayon::join(
+        || crate::codec::rans32::encode_plane(&top, e),
+        || {
+            let z = encode_zstd_blocks(&rest, e * (w - 1), 1);
+            (z.len() + rest.len() / ZSTD_REST_MIN < rest.len()).then_some(z)
+        },
+    );
+    let planes = if t.len() >= top.len() {
+        [stored_plane(&top), stored_plane(&rest)]
+    } else {
+        let t = PlaneOut {
+            method: plane::RANS32,
+            orig_len: top.len() as u64,
+            payload: t,
+        };
+        let r = match r {
+            Some(z) => PlaneOut {
+                method: plane::ZSTD_BLOCKS,
+                orig_len: rest.len() as u64,
+                payload: z,
+            },
+            None => stored_plane(&rest),
+        };
+        [t, r]
+    };
+    render_z4ai(Transform::Split(w as u8), &raw[n * w..], &planes)
+}
+
 /// f32 as a bit-field frame: the exponent byte whole in one rANS plane
 /// (its low bit is correlated with the rest, which a byte-plane split
 /// throws away), the 23-bit mantissa as three byte planes in zstd blocks
@@ -796,9 +865,39 @@ mod tests {
     }
 
     #[test]
+    fn float_weights_get_split_float_frames_by_default() {
+        use crate::format::frame::Transform;
+        let raw = weights(3 << 20);
+        {
+            let (dtype, w) = (Dtype::BF16, 2u8);
+            let frame = encode_tensor(Some(dtype), &raw, PackOptions::default());
+            let parsed = Frame::parse(&frame).unwrap();
+            let Frame::Z4ai(f) = &parsed else {
+                panic!("not a Z4AI frame");
+            };
+            assert_eq!(f.transform, Transform::Split(w), "{dtype:?}");
+            assert_eq!(
+                (f.planes[0].method, f.planes[1].method),
+                (plane::RANS32, plane::STORE)
+            );
+            // 1 MiB blocks, each decoded alone.
+            let (bounds, _, _) = block_grid(&parsed, raw.len() as u64).unwrap();
+            let want: Vec<u64> = (0..=6).map(|b| b << 20).collect();
+            assert_eq!(bounds, want);
+            let mut out = vec![0u8; raw.len()];
+            parsed.decode(&mut out).unwrap();
+            assert!(out == raw, "{dtype:?}");
+        }
+    }
+
+    #[test]
     fn bf16_weights_get_zstd_mantissa_blocks_and_one_exponent_table_per_block() {
         let raw = weights(3 << 20); // 6 blocks of 512 Ki elements
-        let frame = encode_tensor(Some(Dtype::BF16), &raw, PackOptions::default());
+        let z4ai = PackOptions {
+            compat: Compat::Z4ai,
+            ..PackOptions::default()
+        };
+        let frame = encode_tensor(Some(Dtype::BF16), &raw, z4ai);
         let parsed = Frame::parse(&frame).unwrap();
         let Frame::Z4ai(f) = &parsed else {
             panic!("not a Z4AI frame");
