@@ -9,7 +9,7 @@
 //! line can be given to ckptfs directly. Each option is one of:
 //!
 //! - a flag of `ckptfs mount`, with `_` or `-`: `cache_size=4G`,
-//!   `delta=auto`, `read_only`, `metrics_addr=127.0.0.1:9100`, `threads=8`;
+//!   `delta=auto`, `compat=z4ai`, `read_only`, `metrics_addr=127.0.0.1:9100`, `threads=8`;
 //! - a generic option with its mount(8) meaning: `ro`, `rw` (the last one
 //!   wins, as in mount(8)), `allow_other`, `nonempty`,
 //!   `default_permissions` (always on: ckptfs checks modes in the kernel);
@@ -26,7 +26,7 @@
 //! Anything else is refused with one line naming the option, before
 //! anything is mounted.
 
-use crate::cli::{DeltaMode, ExportCast, MountArgs};
+use crate::cli::{CompatArg, DeltaMode, ExportCast, MountArgs};
 use clap::ValueEnum;
 use fuser::MountOption;
 
@@ -108,6 +108,7 @@ pub fn apply(a: &mut MountArgs) -> Result<Option<usize>, String> {
             "delta" => {
                 a.delta = Some(DeltaMode::from_str(&need()?, true).map_err(|e| bad(&e))?);
             }
+            "compat" => a.compat = CompatArg::from_str(&need()?, true).map_err(|e| bad(&e))?,
             "metadata_ttl" => a.metadata_ttl = seconds(&need()?).map_err(|e| bad(&e))?,
             "request_timeout" => a.request_timeout = seconds(&need()?).map_err(|e| bad(&e))?,
             "read_timeout" => a.read_timeout = Some(seconds(&need()?).map_err(|e| bad(&e))?),
@@ -181,7 +182,7 @@ mod tests {
         let mut a = args(&[
             "ro,allow_other,nonempty,require_checksums,cache_size=4G,disk_cache_size=20G",
             "log-level=debug,log_file=/var/log/ck.log,cache_dir=/var/cache/ck,endpoint_url=http://h:9000",
-            "gguf=q8_0,delta=auto,metadata_ttl=5,request_timeout=2.5,read_timeout=9",
+            "gguf=q8_0,delta=auto,compat=z4ai,metadata_ttl=5,request_timeout=2.5,read_timeout=9",
             "metrics_addr=127.0.0.1:9100,threads=3,foreground",
         ]);
         let threads = apply(&mut a).unwrap();
@@ -202,6 +203,7 @@ mod tests {
         assert_eq!(a.endpoint_url.as_deref(), Some("http://h:9000"));
         assert!(matches!(a.gguf, Some(ExportCast::Q8_0)));
         assert!(matches!(a.delta, Some(DeltaMode::Auto)));
+        assert_eq!(a.compat, CompatArg::Z4ai);
         assert_eq!((a.metadata_ttl, a.request_timeout), (5.0, 2.5));
         assert_eq!(a.read_timeout, Some(9.0));
         assert_eq!(a.metrics_addr.as_deref(), Some("127.0.0.1:9100"));
