@@ -84,6 +84,7 @@ use beneath::Beneath;
 pub use error::{FsError, Result};
 pub use handles::AfterRelease;
 pub use inode::{NodeKind, ROOT_INO};
+pub use read::{Piece, ReadData};
 pub use types::{
     Attr, Caller, DirectoryReplier, Entry, FileKind, Opened, SetAttr, SetTime, StatFs,
 };
