@@ -388,6 +388,25 @@ impl<E> BlockCache<E> {
     where
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
+        self.get_or_load_as(key, load, true)
+    }
+
+    /// [`Self::get_or_load`] that never waits for another loader: while
+    /// `key` is being loaded elsewhere, it calls `load` itself and returns
+    /// that block without caching it. For loads nested in another block's
+    /// decode (a delta's base blocks), which may run on rayon workers: see
+    /// [`Self::load_if_absent`] for why those must not wait.
+    pub fn get_or_load_nowait<F>(&self, key: CacheKey, load: F) -> Result<Block, FetchError<E>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        self.get_or_load_as(key, load, false)
+    }
+
+    fn get_or_load_as<F>(&self, key: CacheKey, load: F, wait: bool) -> Result<Block, FetchError<E>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
         let flight = {
             let mut inner = self.inner.lock();
             let hit = match inner.lru.get(&key) {
@@ -435,6 +454,11 @@ impl<E> BlockCache<E> {
                 guard.finish(result.clone());
                 result
             }
+            // Someone else is loading it, and this caller may not wait:
+            // load a copy of its own.
+            Err(_) if !wait => load()
+                .map(Arc::new)
+                .map_err(|e| FetchError::Load(Arc::new(e))),
             // Someone else is loading it: wait for their result.
             Err(flight) => {
                 let mut state = flight.state.lock();
@@ -621,6 +645,33 @@ mod tests {
             Some(Ok(()))
         ));
         assert!(c.peek(&key(1, 1)).is_some());
+    }
+
+    #[test]
+    fn get_or_load_nowait_loads_its_own_copy_while_another_loads() {
+        let c: Arc<BlockCache<String>> = Arc::new(BlockCache::new(1 << 20));
+        let c2 = c.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            c2.get_or_load(key(1, 0), || {
+                tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(vec![1; 10])
+            })
+        });
+        rx.recv().unwrap();
+        // The owner is parked until we return: waiting would hang.
+        let own = c.get_or_load_nowait(key(1, 0), || Ok(vec![1; 10])).unwrap();
+        assert_eq!(*own, vec![1; 10]);
+        go_tx.send(()).unwrap();
+        let cached = owner.join().unwrap().unwrap();
+        // The owner's block is the one cached; later calls hit it.
+        let again = c
+            .get_or_load_nowait(key(1, 0), || panic!("cached"))
+            .unwrap();
+        assert!(Arc::ptr_eq(&cached, &again));
+        assert_eq!(c.stats().blocks, 1);
     }
 
     #[test]
