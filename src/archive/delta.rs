@@ -24,6 +24,10 @@
 //! the trailer's digest of the *target* bytes before they are returned, so
 //! a wrong or damaged base gives an error, never wrong bytes.
 //!
+//! A base archive's decoded blocks go through the [`BaseBlocks`] store the
+//! [`BaseFs`] gives it, if any: the mount's shared block cache, so deltas
+//! over one base version decode each base block once between them.
+//!
 //! Before the first byte that needs the base is served, the base's
 //! identity is checked once ([`DeltaArchive::check_base`]): its archive
 //! fingerprint (a checksummed archive's own checksum block) equals the one
@@ -773,7 +777,8 @@ impl DeltaArchive {
                 DeltaKind::Full => decode_unit_block(self, key, frame)?,
                 DeltaKind::Copy => {
                     self.check_base_for_block()?;
-                    let mut out = crate::codec::zeroed(span.end - span.start, "a block")
+                    // The base range is copied whole: every byte written.
+                    let mut out = crate::codec::buffers::take(span.end - span.start, "a block")
                         .map_err(|e| self.frame_error(key.unit, e))?;
                     self.base.read_exact(u.base_offset + span.start, &mut out)?;
                     out
