@@ -3,8 +3,10 @@
 # every row, then the codec rows the mount depends on:
 #   1. scripts/bench_load.py: cold safe_open (numpy, torch), the numpy load
 #      again with the disk limited to DISK_MBPS (default 1000,400 MB/s, via a
-#      blkio/io cgroup), AutoModel, two processes, dd cold/warm, daemon
-#      CPU-seconds per GB;
+#      blkio/io cgroup), the numpy loads with the daemon pinned to one core
+#      (scaling to more cores reads as the pinned row against the unpinned),
+#      AutoModel, two processes, dd cold/warm; every cold row shows the
+#      daemon's CPU-seconds per GB;
 #   2. scripts/bench-codec.sh at 1 and 2 threads (ckptfs vs ZipNN 0.5.4, zstd, z4ai);
 #   3. scripts/bench_files.py: ckptfs pack/unpack as processes, file to file, vs ZipNN;
 #   4. scripts/bench-decode.sh (ckptfs unpack vs z4ai's decoder on a z4ai file).

@@ -16,6 +16,11 @@ Rows:
                bottleneck, the mount reads a third fewer bytes
   automodel:   transformers AutoModel.from_pretrained (torch CPU)
   two-procs:   two processes loading the same model at once, against one alone
+  one-core:    the 2-shard numpy load and the single file again with the
+               daemon pinned to one core (as `taskset -c 0`; its rayon pool
+               then has one thread), the loader unpinned: the pinned time
+               against the unpinned row's tells how the daemon scales with
+               cores on the machine that runs this
   dd-cold:     sequential dd bs=1M of the single file after drop_caches
   dd-warm:     the same read again (page cache), against the raw file warm
 The cold loads also print the cores busy (of nproc, every process) while
@@ -293,6 +298,8 @@ def main():
                     help="run only the rows whose label matches this regex")
     ap.add_argument("--disk-mbps", default="1000,400",
                     help="comma-separated read limits in MB/s for the disk-limited rows ('' for none)")
+    ap.add_argument("--pin-core", type=int, default=0,
+                    help="the core the one-core rows pin the daemon to")
     a = ap.parse_args()
     work = os.path.realpath(a.work)
     os.makedirs(work, exist_ok=True)
@@ -354,11 +361,14 @@ def main():
     # decodes in flight); one that keeps them all busy is CPU-bound.
     busy = {}
 
-    def load_row(label, store, sub, plain, fw="numpy", limit=None):
+    def load_row(label, store, sub, plain, fw="numpy", limit=None, pin=False):
         if not want(label):
             return
         pb, mb, pr, mr = [], [], [], []
         preexec = limit.enter if limit else None
+        # The daemon alone on one core (`ckptfs mount` forks it: the
+        # affinity is inherited); the loader keeps every core.
+        daemon_preexec = (lambda: os.sched_setaffinity(0, {a.pin_core})) if pin else preexec
 
         def disk_read(into, f):
             r0 = limit.read_bytes() if limit else 0
@@ -373,7 +383,7 @@ def main():
             return s
 
         def mounted():
-            with Mount(a.bin, store, work, preexec) as m:
+            with Mount(a.bin, store, work, daemon_preexec) as m:
                 drop_caches()
                 c0 = m.cpu()
                 s, b = disk_read(mr, lambda: timed_load(os.path.join(m.mnt, sub), fw, preexec=preexec))
@@ -406,6 +416,13 @@ def main():
             continue
         load_row(label, stores["llama-2shard"], "llama-2shard", llama, "numpy", limit)
         limit.close()
+
+    for what, store, sub, plain in (("1 GiB bf16 2 shards, .zstn store", stores["llama-2shard"],
+                                     "llama-2shard", llama),
+                                    ("single 1 GiB bf16 file", stores["single"],
+                                     "single/model.safetensors", single)):
+        load_row(f"cold load numpy, {what}, daemon on one core (taskset -c {a.pin_core})",
+                 store, sub, plain, pin=True)
 
     label = "AutoModel.from_pretrained, 1 GiB bf16 2 shards"
 

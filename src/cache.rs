@@ -8,8 +8,9 @@
 //! version can never be served for the new one. Old generations are not
 //! purged eagerly; they simply stop being asked for and age out of the LRU.
 //!
-//! **Bound.** The LRU counts the decoded bytes of the blocks it holds and
-//! evicts least-recently-used blocks until it is back under the budget.
+//! **Bound.** The LRU counts the decoded bytes of the blocks it holds,
+//! plus the free block buffers it keeps for reuse (below), and evicts
+//! least-recently-used blocks until it is back under the budget.
 //! A block larger than half the budget (z4ai writes whole tensors as one
 //! block) would flush the LRU for a single entry, and not caching it would
 //! decode it again for every kernel request in it: such a block is kept
@@ -29,6 +30,24 @@
 //! kernel for every block until the budget is full (page faults and
 //! zeroing were 8–18% of the daemon's CPU in a cold load). Blocks decoded
 //! ahead of the reader keep the rest of the budget.
+//!
+//! **Buffers are reused.** An evicted block's buffer, unless a reader
+//! still holds the block, goes to the cache's own [`Pool`] when the budget
+//! has room for it beside the cached blocks (moving a buffer from a block
+//! to the pool keeps the total; over the budget it is freed, and kept
+//! buffers are freed before any block is evicted). Every load runs with
+//! that pool as its thread's scope (`codec::buffers::with_pool`), so a
+//! decoder that writes its whole output takes a recycled buffer instead of
+//! fresh, zeroed pages: in a cold load the served LRU's evictions feed the
+//! next decodes, and the total of blocks and free buffers never exceeds
+//! the budget. A pool holds at most an eighth of the budget (32 MiB at
+//! most); the cache's relief frees it too.
+//!
+//! **Deltas' bases.** A delta's base blocks are cached here too, under a
+//! generation of the base file's identity and version
+//! (`fs::archive_slot::MountBases`), through [`BlockCache::get_or_load_nowait`]:
+//! that runs inside another block's decode, so like prefetch it never
+//! waits on a flight (it decodes a private copy instead).
 //!
 //! **Single flight.** A miss registers an in-flight slot before decoding,
 //! outside the lock. Concurrent misses on the same key find the slot and
@@ -57,6 +76,7 @@
 //! Where these locks stand in the mount's lock order: see `crate::fs`.
 
 use crate::archive::BlockKey;
+use crate::codec::buffers::{self, Pool};
 use lru::LruCache;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -133,37 +153,21 @@ impl<E> Inner<E> {
         self.lru.contains(key) || self.served.contains(key) || self.large_is(key)
     }
     /// Evicts the least recently used wholly served block, if any.
-    fn evict_served(&mut self) -> bool {
-        let Some((k, b)) = self.served.pop_lru() else {
-            return false;
-        };
+    fn evict_served(&mut self) -> Option<Block> {
+        let (k, b) = self.served.pop_lru()?;
         self.gone.put(k, ());
         self.bytes -= b.len() as u64;
         self.served_bytes -= b.len() as u64;
-        recycle(b);
-        true
+        Some(b)
     }
     /// Evicts the least recently used block, served ones first.
-    fn evict_one(&mut self) -> bool {
-        if self.evict_served() {
-            return true;
+    fn evict_one(&mut self) -> Option<Block> {
+        if let Some(b) = self.evict_served() {
+            return Some(b);
         }
-        match self.lru.pop_lru() {
-            Some((_, e)) => {
-                self.bytes -= e.block.len() as u64;
-                recycle(e.block);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// An evicted block's buffer goes back to the decoders unless a reader
-/// still holds it.
-fn recycle(b: Block) {
-    if let Ok(v) = Arc::try_unwrap(b) {
-        crate::codec::buffers::recycle(v);
+        let (_, e) = self.lru.pop_lru()?;
+        self.bytes -= e.block.len() as u64;
+        Some(e.block)
     }
 }
 
@@ -174,6 +178,9 @@ const GONE_MAX: usize = 1 << 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
     pub bytes: u64,
+    /// Bytes of free block buffers kept for the next decodes (counted in
+    /// the budget with `bytes`).
+    pub pooled: u64,
     pub blocks: usize,
     pub hits: u64,
     pub misses: u64,
@@ -182,6 +189,8 @@ pub struct CacheStats {
 pub struct BlockCache<E> {
     inner: Mutex<Inner<E>>,
     budget: u64,
+    /// Buffers of evicted blocks, for the decoders this cache runs.
+    pool: Arc<Pool>,
 }
 
 impl<E> std::fmt::Debug for BlockCache<E> {
@@ -247,7 +256,7 @@ impl<E: Send + Sync + 'static> crate::memory::Relieve for BlockCache<E> {
             + served.iter().map(|(_, b)| b.len() as u64).sum::<u64>()
             + large.as_ref().map_or(0, |(_, b)| b.len() as u64);
         drop((lru, served, large));
-        freed
+        freed + self.pool.release()
     }
 }
 
@@ -266,6 +275,44 @@ impl<E> BlockCache<E> {
                 misses: 0,
             }),
             budget: budget_bytes,
+            pool: Arc::new(Pool::new(Self::pool_limit(budget_bytes))),
+        }
+    }
+
+    /// The most bytes of free buffers kept: an eighth of the budget, at
+    /// most the process-wide pool's size.
+    fn pool_limit(budget: u64) -> usize {
+        (budget / 8).min(buffers::KEEP_BYTES as u64) as usize
+    }
+
+    /// How the pool of free block buffers has served.
+    pub fn pool_stats(&self) -> buffers::PoolStats {
+        self.pool.stats()
+    }
+
+    /// Gives an evicted block's buffer to the pool if no reader still
+    /// holds it and the budget has room for it beside the cached blocks
+    /// (moving a block's buffer to the pool keeps the total as it was;
+    /// when the total is over the budget, the buffer is freed).
+    fn recycle_locked(&self, inner: &Inner<E>, b: Block) {
+        if let Ok(v) = Arc::try_unwrap(b) {
+            let room = self.budget.saturating_sub(inner.bytes + self.pool.held());
+            drop(self.pool.put_within(v, room));
+        }
+    }
+
+    /// Evicts until the cached blocks and the free buffers are within the
+    /// budget: free buffers go first (they hold nothing to read).
+    fn trim_locked(&self, inner: &mut Inner<E>) {
+        let excess = (inner.bytes + self.pool.held()).saturating_sub(self.budget);
+        if excess > 0 {
+            self.pool.shrink(excess);
+        }
+        while inner.bytes + self.pool.held() > self.budget {
+            match inner.evict_one() {
+                Some(b) => self.recycle_locked(inner, b),
+                None => break,
+            }
         }
     }
 
@@ -287,6 +334,7 @@ impl<E> BlockCache<E> {
             blocks: i.lru.len() + i.served.len(),
             hits: i.hits,
             misses: i.misses,
+            pooled: self.pool.held(),
         }
     }
 
@@ -327,7 +375,12 @@ impl<E> BlockCache<E> {
         inner.served.put(*key, e.block);
         inner.served_bytes += len;
         let cap = self.served_cap();
-        while inner.served_bytes > cap && inner.evict_served() {}
+        while inner.served_bytes > cap {
+            match inner.evict_served() {
+                Some(b) => self.recycle_locked(&inner, b),
+                None => break,
+            }
+        }
     }
 
     fn insert_locked(&self, inner: &mut Inner<E>, key: CacheKey, block: Block) {
@@ -344,7 +397,7 @@ impl<E> BlockCache<E> {
             inner.bytes -= old.block.len() as u64;
         }
         inner.bytes += len;
-        while inner.bytes > self.budget && inner.evict_one() {}
+        self.trim_locked(inner);
     }
 
     /// Loads `key` into the cache unless it is cached or already being
@@ -374,7 +427,7 @@ impl<E> BlockCache<E> {
             flight,
             finished: false,
         };
-        let result = load()
+        let result = buffers::with_pool(&self.pool, load)
             .map(Arc::new)
             .map_err(|e| FetchError::Load(Arc::new(e)));
         let out = result.as_ref().map(|_| ()).map_err(Clone::clone);
@@ -385,6 +438,25 @@ impl<E> BlockCache<E> {
     /// Returns the block for `key`, calling `load` on a miss. Concurrent
     /// callers with the same key share one `load`.
     pub fn get_or_load<F>(&self, key: CacheKey, load: F) -> Result<Block, FetchError<E>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        self.get_or_load_as(key, load, true)
+    }
+
+    /// [`Self::get_or_load`] that never waits for another loader: while
+    /// `key` is being loaded elsewhere, it calls `load` itself and returns
+    /// that block without caching it. For loads nested in another block's
+    /// decode (a delta's base blocks), which may run on rayon workers: see
+    /// [`Self::load_if_absent`] for why those must not wait.
+    pub fn get_or_load_nowait<F>(&self, key: CacheKey, load: F) -> Result<Block, FetchError<E>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        self.get_or_load_as(key, load, false)
+    }
+
+    fn get_or_load_as<F>(&self, key: CacheKey, load: F, wait: bool) -> Result<Block, FetchError<E>>
     where
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
@@ -429,12 +501,17 @@ impl<E> BlockCache<E> {
                     flight,
                     finished: false,
                 };
-                let result = load()
+                let result = buffers::with_pool(&self.pool, load)
                     .map(Arc::new)
                     .map_err(|e| FetchError::Load(Arc::new(e)));
                 guard.finish(result.clone());
                 result
             }
+            // Someone else is loading it, and this caller may not wait:
+            // load a copy of its own.
+            Err(_) if !wait => buffers::with_pool(&self.pool, load)
+                .map(Arc::new)
+                .map_err(|e| FetchError::Load(Arc::new(e))),
             // Someone else is loading it: wait for their result.
             Err(flight) => {
                 let mut state = flight.state.lock();
@@ -621,6 +698,96 @@ mod tests {
             Some(Ok(()))
         ));
         assert!(c.peek(&key(1, 1)).is_some());
+    }
+
+    /// A decoder's output: every byte written, a pattern of the block.
+    fn decode_into_taken(b: u32, len: usize) -> Result<Vec<u8>, String> {
+        let mut v = buffers::take(len as u64, "t").map_err(|e| e.to_string())?;
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = (i as u32).wrapping_mul(31).wrapping_add(b) as u8;
+        }
+        Ok(v)
+    }
+
+    fn is_block(v: &[u8], b: u32) -> bool {
+        v.iter()
+            .enumerate()
+            .all(|(i, &x)| x == (i as u32).wrapping_mul(31).wrapping_add(b) as u8)
+    }
+
+    #[test]
+    fn decodes_after_eviction_reuse_the_evicted_buffers_within_the_budget() {
+        const MIB: usize = 1 << 20;
+        let budget = 64 << 20;
+        let c: BlockCache<String> = BlockCache::new(budget);
+        let within = |c: &BlockCache<String>| {
+            let s = c.stats();
+            assert!(s.bytes + s.pooled <= budget, "{s:?}");
+        };
+        // A reader holds block 7 throughout: its buffer is never reused.
+        let mut held = None;
+        // A cold load: each block decoded, then read whole (served).
+        for b in 0..200 {
+            let blk = c
+                .get_or_load(key(1, b), || decode_into_taken(b, MIB))
+                .unwrap();
+            assert!(is_block(&blk, b), "block {b}");
+            c.served(&key(1, b), MIB as u64);
+            if b == 7 {
+                held = Some(blk);
+            }
+            within(&c);
+        }
+        let p = c.pool_stats();
+        // The served LRU keeps 4 MiB; after it filled, every decode took
+        // the buffer of the block it evicted.
+        assert!(p.fresh <= 6 && p.reused >= 194, "{p:?}");
+        assert!(
+            is_block(held.as_ref().unwrap(), 7),
+            "a held block is never reused"
+        );
+        // Blocks decoded ahead and not read fill the budget: evicted
+        // blocks' buffers are then freed, not kept, and cached plus kept
+        // bytes stay within the budget.
+        for b in 1000..1100 {
+            c.get_or_load(key(1, b), || decode_into_taken(b, MIB))
+                .unwrap();
+            within(&c);
+        }
+        for b in 1090..1100 {
+            assert!(is_block(&c.peek(&key(1, b)).unwrap(), b), "block {b}");
+        }
+        // Relief frees the kept buffers too.
+        use crate::memory::Relieve;
+        c.relieve();
+        assert_eq!((c.stats().bytes, c.stats().pooled), (0, 0));
+    }
+
+    #[test]
+    fn get_or_load_nowait_loads_its_own_copy_while_another_loads() {
+        let c: Arc<BlockCache<String>> = Arc::new(BlockCache::new(1 << 20));
+        let c2 = c.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            c2.get_or_load(key(1, 0), || {
+                tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(vec![1; 10])
+            })
+        });
+        rx.recv().unwrap();
+        // The owner is parked until we return: waiting would hang.
+        let own = c.get_or_load_nowait(key(1, 0), || Ok(vec![1; 10])).unwrap();
+        assert_eq!(*own, vec![1; 10]);
+        go_tx.send(()).unwrap();
+        let cached = owner.join().unwrap().unwrap();
+        // The owner's block is the one cached; later calls hit it.
+        let again = c
+            .get_or_load_nowait(key(1, 0), || panic!("cached"))
+            .unwrap();
+        assert!(Arc::ptr_eq(&cached, &again));
+        assert_eq!(c.stats().blocks, 1);
     }
 
     #[test]

@@ -149,6 +149,26 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
+/// Slices of one read sent with one `writev` at most: the header takes
+/// one more, and the kernel refuses more than `IOV_MAX` (1024). A read
+/// across more pieces (an archive of many tiny tensors) is copied into one
+/// buffer instead.
+const MAX_REPLY_SLICES: usize = 256;
+
+/// Answers a read: its pieces follow the header in one `writev`, without
+/// being copied together first (fuser patched: vendor/fuser/PATCH.md).
+fn reply_data(reply: ReplyData, d: crate::fs::ReadData) {
+    let slices = d.slices();
+    if slices.len() <= MAX_REPLY_SLICES {
+        let iov: Vec<std::io::IoSlice<'_>> =
+            slices.iter().map(|s| std::io::IoSlice::new(s)).collect();
+        reply.data_vectored(&iov);
+    } else {
+        drop(slices);
+        reply.data(&d.into_vec());
+    }
+}
+
 fn file_type(k: FileKind) -> FileType {
     match k {
         FileKind::Directory => FileType::Directory,
@@ -517,7 +537,7 @@ impl Filesystem for CheckpointFuse {
         match self.fs.read_data(fh.0, offset, size) {
             Ok(d) => {
                 self.fs.count_served(d.len());
-                reply.data(&d)
+                reply_data(reply, d)
             }
             Err(e) => reply.error(self.errno(&e)),
         }

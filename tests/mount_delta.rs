@@ -229,3 +229,79 @@ fn a_missing_base_is_eio_and_the_file_is_still_listed() {
         std::fs::read(src.path().join("base.safetensors")).unwrap()
     );
 }
+
+/// The daemon's counters (`user.ckptfs.stats` on the mount's root).
+fn stats(mnt: &Path) -> std::collections::HashMap<String, u64> {
+    let text = getxattr(mnt, "user.ckptfs.stats").expect("user.ckptfs.stats");
+    text.split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Two fine-tunes of one `.zstn` base, read one after the other: the
+/// base's decoded blocks are kept in the mount's block cache under the
+/// base file's identity and version, so the second delta decodes only its
+/// own blocks. Both read byte-exact. The daemon counts every block it
+/// decodes, base blocks too.
+#[test]
+fn deltas_over_one_base_decode_each_base_block_once() {
+    let src = tempfile::tempdir().unwrap();
+    let mut targets = Vec::new();
+    let m = Mount::new(
+        |store| {
+            let target = fill(store, src.path());
+            // A second fine-tune: the first with its last tensor's bytes
+            // changed a little more.
+            let mut t2 = target.clone();
+            let n = t2.len();
+            for b in &mut t2[n - 4096..] {
+                *b ^= 1;
+            }
+            std::fs::write(src.path().join("t2.safetensors"), &t2).unwrap();
+            std::fs::create_dir(store.join("s4")).unwrap();
+            let o = |p: &Path| p.as_os_str().to_owned();
+            run(&[
+                "pack".as_ref(),
+                &o(&src.path().join("t2.safetensors")),
+                "--base".as_ref(),
+                &o(&store.join("s1/model.zstn")),
+                "-o".as_ref(),
+                &o(&store.join("s4/model.z4dm")),
+            ]);
+            targets = vec![target, t2];
+        },
+        &["--read-only", "--cache-size", "256M"],
+    );
+    let blocks = |rel: &str| {
+        let a = ckptfs::archive::open(&m.store.join(rel)).unwrap();
+        ckptfs::archive::blocks_of(&*a, 0).unwrap().len() as u64
+    };
+    let base_blocks = blocks("s1/model.zstn");
+    let (blocks2, blocks4) = (blocks("s2/model.z4dm"), blocks("s4/model.z4dm"));
+    let before = stats(&m.mnt);
+    assert_eq!(
+        std::fs::read(m.path("s2/model.safetensors")).unwrap(),
+        targets[0]
+    );
+    let first = stats(&m.mnt);
+    let base_decoded = first["decoded"] - before["decoded"] - blocks2;
+    assert!(
+        base_decoded > 0 && base_decoded <= base_blocks,
+        "the first delta decodes its own {blocks2} blocks and some of the base's \
+         {base_blocks}: {first:?}"
+    );
+    assert_eq!(
+        std::fs::read(m.path("s4/model.safetensors")).unwrap(),
+        targets[1]
+    );
+    let second = stats(&m.mnt);
+    assert_eq!(
+        second["decoded"] - first["decoded"],
+        blocks4,
+        "the second delta decodes its own {blocks4} blocks, no base block again: {second:?}"
+    );
+    assert_eq!(second["decoded_again"], 0, "{second:?}");
+}

@@ -24,6 +24,10 @@
 //! the trailer's digest of the *target* bytes before they are returned, so
 //! a wrong or damaged base gives an error, never wrong bytes.
 //!
+//! A base archive's decoded blocks go through the [`BaseBlocks`] store the
+//! [`BaseFs`] gives it, if any: the mount's shared block cache, so deltas
+//! over one base version decode each base block once between them.
+//!
 //! Before the first byte that needs the base is served, the base's
 //! identity is checked once ([`DeltaArchive::check_base`]): its archive
 //! fingerprint (a checksummed archive's own checksum block) equals the one
@@ -75,6 +79,28 @@ pub trait BaseFs: Send + Sync {
     /// archive at `from`; returns the file and the path that names it (in
     /// messages, and as the `from` of its own base).
     fn open_base(&self, from: &Path, rel: &str) -> io::Result<(File, PathBuf)>;
+    /// Where the decoded blocks of the base archive opened from `file`
+    /// (named `path`) are kept and shared (the mount's block cache, keyed by the file's
+    /// identity and version), or None: each delta decodes its base's
+    /// blocks itself (the default; what the CLI does).
+    fn base_blocks(&self, _file: &File, _path: &Path) -> Option<Arc<dyn BaseBlocks>> {
+        None
+    }
+}
+
+/// A store of a base archive's decoded blocks shared by every delta over
+/// the same base version, so that a family of fine-tunes read together or
+/// one after another decodes the base once (while its blocks stay in the
+/// store). The base's own checks run in `decode`, as without a store.
+pub trait BaseBlocks: Send + Sync {
+    /// Block `key` of the base: the stored one, or `decode`'s result
+    /// (kept for the next delta). Must not wait on another thread's
+    /// decode of the same block: it may run on a rayon worker.
+    fn get(
+        &self,
+        key: BlockKey,
+        decode: &mut dyn FnMut() -> Result<Vec<u8>>,
+    ) -> Result<Arc<Vec<u8>>>;
 }
 
 /// The local file system: `rel` joined to `from`'s directory.
@@ -87,22 +113,23 @@ impl BaseFs for LocalFs {
     }
 }
 
-/// An opened base: an archive, or a plain `.safetensors` file.
+/// An opened base: an archive (its decoded blocks maybe shared with other
+/// deltas over it: [`BaseBlocks`]), or a plain `.safetensors` file.
 pub enum Base {
-    Archive(Arc<dyn ArchiveView>),
+    Archive(Arc<dyn ArchiveView>, Option<Arc<dyn BaseBlocks>>),
     Plain { path: PathBuf, map: Backing },
 }
 
 impl Base {
     pub fn path(&self) -> &Path {
         match self {
-            Base::Archive(a) => a.path(),
+            Base::Archive(a, _) => a.path(),
             Base::Plain { path, .. } => path,
         }
     }
     pub fn len(&self) -> u64 {
         match self {
-            Base::Archive(a) => a.logical_len(0),
+            Base::Archive(a, _) => a.logical_len(0),
             Base::Plain { map, .. } => map.bytes().len() as u64,
         }
     }
@@ -135,12 +162,12 @@ impl Base {
                 op(out, b);
                 Ok(())
             }
-            Base::Archive(a) => {
+            Base::Archive(a, shared) => {
                 let end = end
                     .filter(|&e| e <= a.logical_len(0))
                     .ok_or_else(|| a.integrity(format!("short read at {offset}")))?;
                 a.check_range(0, offset..end)?;
-                each_piece(&**a, offset, out, op)
+                each_piece(&**a, shared.as_deref(), offset, out, op)
             }
         }
     }
@@ -149,7 +176,7 @@ impl Base {
     fn will_need(&self, range: Range<u64>) {
         match self {
             Base::Plain { map, .. } => map.will_need(range),
-            Base::Archive(a) => {
+            Base::Archive(a, _) => {
                 let segs = a.segments(0);
                 let k = segs.partition_point(|s| s.start + s.len <= range.start);
                 for s in segs[k..].iter().take_while(|s| s.start < range.end) {
@@ -161,14 +188,14 @@ impl Base {
     /// The base archive's checksum identity (none for a plain file).
     pub fn fingerprint(&self) -> Option<u64> {
         match self {
-            Base::Archive(a) => a.fingerprint(),
+            Base::Archive(a, _) => a.fingerprint(),
             Base::Plain { .. } => None,
         }
     }
     /// Its chain depth: 0 unless it is a delta.
     pub fn depth(&self) -> u32 {
         match self {
-            Base::Archive(a) => (&**a as &dyn std::any::Any)
+            Base::Archive(a, _) => (&**a as &dyn std::any::Any)
                 .downcast_ref::<DeltaArchive>()
                 .map_or(0, |d| d.depth()),
             Base::Plain { .. } => 0,
@@ -181,7 +208,7 @@ impl Base {
                 f(map.bytes());
                 Ok(())
             }
-            Base::Archive(a) => {
+            Base::Archive(a, _) => {
                 struct W<'a>(&'a mut dyn FnMut(&[u8]));
                 impl io::Write for W<'_> {
                     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
@@ -211,7 +238,10 @@ impl Base {
                 f(map.bytes());
                 Ok(())
             }
-            Base::Archive(a) => {
+            // Not through the shared blocks: this streams the whole base
+            // once (the check of a base without a fingerprint), which
+            // would flush the cache for blocks read once.
+            Base::Archive(a, _) => {
                 f(a.prefix(0)?);
                 for key in super::blocks_of(&**a, 0)? {
                     f(&a.decode_block(key)?);
@@ -250,6 +280,7 @@ impl Base {
 /// which a standalone read of the range would decode in parallel too.
 fn each_piece(
     a: &dyn ArchiveView,
+    shared: Option<&dyn BaseBlocks>,
     offset: u64,
     out: &mut [u8],
     op: fn(&mut [u8], &[u8]),
@@ -266,7 +297,10 @@ fn each_piece(
     let one = |(source, within, dst): (PieceSource, Range<usize>, &mut [u8])| {
         match source {
             PieceSource::Prefix => op(dst, &a.prefix(0)?[within]),
-            PieceSource::Block(k) => op(dst, &a.decode_block(k)?[within]),
+            PieceSource::Block(k) => match shared {
+                Some(shared) => op(dst, &shared.get(k, &mut || a.decode_block(k))?[within]),
+                None => op(dst, &a.decode_block(k)?[within]),
+            },
         }
         Ok(())
     };
@@ -293,7 +327,7 @@ pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Re
         if a.files() != 1 || !a.file_path(0).is_empty() {
             return Err(a.integrity("a model-directory archive cannot be a delta's base".into()));
         }
-        return Ok(Base::Archive(a));
+        return Ok(Base::Archive(a, fs.base_blocks(&file, &path)));
     }
     Ok(Base::Plain { path, map: backing })
 }
@@ -743,7 +777,8 @@ impl DeltaArchive {
                 DeltaKind::Full => decode_unit_block(self, key, frame)?,
                 DeltaKind::Copy => {
                     self.check_base_for_block()?;
-                    let mut out = crate::codec::zeroed(span.end - span.start, "a block")
+                    // The base range is copied whole: every byte written.
+                    let mut out = crate::codec::buffers::take(span.end - span.start, "a block")
                         .map_err(|e| self.frame_error(key.unit, e))?;
                     self.base.read_exact(u.base_offset + span.start, &mut out)?;
                     out
@@ -751,7 +786,7 @@ impl DeltaArchive {
                 DeltaKind::Delta => {
                     let at = u.base_offset + span.start;
                     let len = span.end - span.start;
-                    let overlap = matches!(self.base, Base::Archive(_)) && len > OVERLAP_MIN;
+                    let overlap = matches!(self.base, Base::Archive(..)) && len > OVERLAP_MIN;
                     // A large block (a whole-frame XOR of a large tensor)
                     // over a base archive: its decode, which is serial,
                     // runs beside the base's, which is parallel (at the cost

@@ -42,7 +42,7 @@ pub mod zstn;
 pub use backing::Backing;
 pub use blazex::BlazexArchive;
 pub use blz::BlzArchive;
-pub use delta::{BaseFs, DeltaArchive, LocalFs};
+pub use delta::{BaseBlocks, BaseFs, DeltaArchive, LocalFs};
 pub use frame_block::Grid;
 pub use zstn::ZstnArchive;
 
@@ -101,6 +101,27 @@ pub(crate) fn out_of_memory(path: &Path, what: String) -> ArchiveError {
 impl ArchiveError {
     /// The message without the archive's path (the mount logs and
     /// answers it beside the path it already names).
+    /// The same error, rebuilt (an error shared by several readers of one
+    /// cached block): an I/O error keeps its kind and message; any other
+    /// becomes an integrity error with the same path and message.
+    pub fn copied(&self) -> ArchiveError {
+        match self {
+            ArchiveError::Io { path, source } => ArchiveError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            ArchiveError::Container { path, .. }
+            | ArchiveError::Blz { path, .. }
+            | ArchiveError::Blazex { path, .. }
+            | ArchiveError::Frame { path, .. }
+            | ArchiveError::Integrity { path, .. }
+            | ArchiveError::Unrecognised { path, .. } => ArchiveError::Integrity {
+                path: path.clone(),
+                what: self.reason(),
+            },
+        }
+    }
+
     pub fn reason(&self) -> String {
         match self {
             ArchiveError::Io { source, .. } => source.to_string(),

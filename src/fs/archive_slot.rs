@@ -92,6 +92,89 @@ impl archive::BaseFs for StoreBases<'_> {
     }
 }
 
+/// [`StoreBases`] that also keeps each base archive's decoded blocks in
+/// the mount's block cache ([`archive::BaseBlocks`]), under a generation
+/// of the base file's identity and version: every delta over the same
+/// base version, opened now or later, finds the blocks another decoded.
+/// A base replaced or modified in place has another identity or version,
+/// so another generation: its old blocks are never served for it.
+pub(super) struct MountBases<'a> {
+    pub(super) bases: StoreBases<'a>,
+    pub(super) fs: &'a CheckpointFs,
+}
+
+impl archive::BaseFs for MountBases<'_> {
+    fn open_base(&self, from: &Path, rel: &str) -> std::io::Result<(File, PathBuf)> {
+        self.bases.open_base(from, rel)
+    }
+
+    fn base_blocks(&self, file: &File, path: &Path) -> Option<Arc<dyn archive::BaseBlocks>> {
+        let m = file.metadata().ok()?;
+        let id = (m.dev(), m.ino(), version_of(&m));
+        let generation = *self
+            .fs
+            .base_generations
+            .lock()
+            .get_or_insert(id, next_generation);
+        Some(Arc::new(CachedBaseBlocks {
+            cache: self.fs.cache.clone(),
+            stats: self.fs.stats.clone(),
+            generation,
+            path: path.to_path_buf(),
+        }))
+    }
+}
+
+/// Base versions whose generation is remembered (the least recently
+/// opened is forgotten: a delta opened over it later decodes its base
+/// again, under a new generation).
+pub(super) const BASE_GENERATIONS: usize = 4096;
+
+/// A base file's (device, inode, version).
+pub(super) type BaseVersion = (u64, u64, Version);
+
+/// One base version's blocks in the mount's block cache.
+struct CachedBaseBlocks {
+    cache: Arc<crate::cache::BlockCache<archive::ArchiveError>>,
+    stats: Arc<super::stats::ReadStats>,
+    generation: u64,
+    /// The base file, in messages.
+    path: PathBuf,
+}
+
+impl archive::BaseBlocks for CachedBaseBlocks {
+    fn get(
+        &self,
+        block: archive::BlockKey,
+        decode: &mut dyn FnMut() -> archive::Result<Vec<u8>>,
+    ) -> archive::Result<Arc<Vec<u8>>> {
+        let key = crate::cache::CacheKey {
+            generation: self.generation,
+            block,
+        };
+        // Never waits for another thread's decode of the block: this runs
+        // inside a delta block's decode, maybe on a rayon worker.
+        self.cache
+            .get_or_load_nowait(key, || {
+                let t = std::time::Instant::now();
+                let b = decode();
+                if let Ok(b) = &b {
+                    self.stats.decoded(&key, b.len(), t.elapsed());
+                }
+                b
+            })
+            .map_err(|e| match e {
+                crate::cache::FetchError::Load(e) => {
+                    Arc::try_unwrap(e).unwrap_or_else(|e| e.copied())
+                }
+                crate::cache::FetchError::Panicked => archive::ArchiveError::Integrity {
+                    path: self.path.clone(),
+                    what: format!("the decoder of block {block:?} panicked"),
+                },
+            })
+    }
+}
+
 /// A new process-wide cache generation.
 pub(super) fn next_generation() -> u64 {
     GENERATION.fetch_add(1, Ordering::Relaxed)
@@ -145,7 +228,10 @@ impl CheckpointFs {
         if (fm.dev(), fm.ino()) != identity {
             return Err(FsError::Stale);
         }
-        let bases = StoreBases { store: &self.store };
+        let bases = MountBases {
+            bases: StoreBases { store: &self.store },
+            fs: self,
+        };
         let slot = parse_version(&file, &fm, path, directory, self.require_checksums, &bases)?;
         Ok((slot, fm))
     }

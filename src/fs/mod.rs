@@ -42,7 +42,9 @@
 //! before `state` is locked). Every other lock is a leaf, released before
 //! anything else is taken: the handle table, `writers`, `warned`, the
 //! write-back queue, the spool's state, a handle's `Sequential`,
-//! `gguf_views` (never held while a view is built), the set of decoded
+//! `gguf_views` (never held while a view is built), `base_generations`
+//! (looked up while a delta's base is opened, which may be under the
+//! delta inode's `state`: it is a leaf, so that adds no order), the set of decoded
 //! block keys of [`stats`], the block
 //! cache's `inner` and a flight's `state` (never held together: a flight is
 //! published after `inner` is released), and the adapter's passthrough
@@ -84,6 +86,7 @@ use beneath::Beneath;
 pub use error::{FsError, Result};
 pub use handles::AfterRelease;
 pub use inode::{NodeKind, ROOT_INO};
+pub use read::{Piece, ReadData};
 pub use types::{
     Attr, Caller, DirectoryReplier, Entry, FileKind, Opened, SetAttr, SetTime, StatFs,
 };
@@ -137,6 +140,10 @@ pub struct CheckpointFs {
     open_mode: Box<[Mutex<()>]>,
     next_fh: AtomicU64,
     cache: Arc<BlockCache<ArchiveError>>,
+    /// The cache generation of each delta base's file version, so that
+    /// deltas over one base share its decoded blocks
+    /// (`archive_slot::MountBases`). A leaf lock.
+    base_generations: Mutex<lru::LruCache<archive_slot::BaseVersion, u64>>,
     /// Reads answered and blocks decoded (`user.ckptfs.stats`).
     stats: Arc<stats::ReadStats>,
     /// Counters the fs does not keep itself (an S3 store's), read when
@@ -208,6 +215,9 @@ impl CheckpointFs {
                 crate::memory::register(&(c.clone() as Arc<dyn crate::memory::Relieve>));
                 c
             },
+            base_generations: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(archive_slot::BASE_GENERATIONS).expect("non-zero"),
+            )),
             stats: Arc::default(),
             more_metrics: Vec::new(),
             policy: Policy::for_cache(cfg.cache_bytes),

@@ -38,65 +38,64 @@ fn unit_start_in(a: &dyn archive::ArchiveView, file: usize, range: Range<u64>) -
 }
 
 /// The bytes of one read: owned, a range of a decoded block shared with
-/// the cache (no copy), or pieces of several blocks assembled in this
-/// thread's reply buffer.
+/// the cache (no copy), or the ranges of several blocks (and of the
+/// prefix) in file order, which the adapter sends after the reply header
+/// in one `writev`, also without a copy. A 1 MiB kernel request nearly
+/// always spans two blocks (blocks follow tensor elements, requests follow
+/// file offsets); assembling those into one buffer was 5% of the daemon's
+/// CPU in a cold load.
 pub enum ReadData {
     Owned(Vec<u8>),
     Shared(Arc<Vec<u8>>, Range<usize>),
-    Assembled(Assembled),
+    Pieces(Vec<Piece>),
+}
+
+/// One piece of a [`ReadData::Pieces`] reply.
+pub enum Piece {
+    /// A range of a decoded block (shared with the cache).
+    Block(Arc<Vec<u8>>, Range<usize>),
+    /// A range of an archive's prefix (the header), copied: it is small.
+    Owned(Vec<u8>),
+}
+
+impl Piece {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Block(b, r) => &b[r.clone()],
+            Piece::Owned(v) => v,
+        }
+    }
 }
 
 impl ReadData {
+    /// The bytes in one vector (a copy unless owned already).
     pub fn into_vec(self) -> Vec<u8> {
         match self {
             ReadData::Owned(v) => v,
             ReadData::Shared(b, r) => b[r].to_vec(),
-            ReadData::Assembled(mut a) => std::mem::take(&mut a.0),
+            ReadData::Pieces(p) => p.iter().flat_map(Piece::bytes).copied().collect(),
         }
     }
-}
 
-/// Reply buffers larger than this are not kept for the thread's next read.
-const REPLY_KEEP: usize = 4 << 20;
-
-thread_local! {
-    static REPLY: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A reply assembled from several pieces in a per-thread buffer that goes
-/// back to the thread when the reply is dropped. A 1 MiB kernel request
-/// nearly always spans two blocks (blocks follow tensor elements, requests
-/// follow file offsets); a new buffer for each cost an allocation and cold
-/// cache lines on top of the copy.
-pub struct Assembled(Vec<u8>);
-
-impl Assembled {
-    fn with_capacity(n: usize) -> Assembled {
-        let mut v = REPLY.with(|r| std::mem::take(&mut *r.borrow_mut()));
-        v.clear();
-        v.reserve(n);
-        Assembled(v)
-    }
-}
-
-impl Drop for Assembled {
-    fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        if v.capacity() > 0 && v.capacity() <= REPLY_KEEP {
-            // `try_with`: a reply dropped while the thread exits is freed.
-            let _ = REPLY.try_with(|r| *r.borrow_mut() = v);
-        }
-    }
-}
-
-impl std::ops::Deref for ReadData {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
+    /// The bytes as slices, in order, for one vectored write.
+    pub fn slices(&self) -> Vec<&[u8]> {
         match self {
-            ReadData::Owned(v) => v,
-            ReadData::Shared(b, r) => &b[r.clone()],
-            ReadData::Assembled(a) => &a.0,
+            ReadData::Owned(v) => vec![v],
+            ReadData::Shared(b, r) => vec![&b[r.clone()]],
+            ReadData::Pieces(p) => p.iter().map(Piece::bytes).collect(),
         }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            ReadData::Owned(v) => v.len(),
+            ReadData::Shared(_, r) => r.len(),
+            ReadData::Pieces(p) => p.iter().map(|p| p.bytes().len()).sum(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -421,22 +420,19 @@ impl CheckpointFs {
                             .to_vec(),
                     )),
                 },
-                pieces => {
-                    let mut asm = Assembled::with_capacity(n as usize);
-                    let buf = &mut asm.0;
-                    for p in pieces {
+                pieces => pieces
+                    .iter()
+                    .map(|p| {
                         let within = p.within.start as usize..p.within.end as usize;
-                        match p.source {
+                        Ok(match p.source {
                             PieceSource::Prefix => {
-                                buf.extend_from_slice(&archive.prefix(*file)?[within])
+                                Piece::Owned(archive.prefix(*file)?[within].to_vec())
                             }
-                            PieceSource::Block(k) => {
-                                buf.extend_from_slice(&fetch(k, &p.within)?[within])
-                            }
-                        }
-                    }
-                    Ok(ReadData::Assembled(asm))
-                }
+                            PieceSource::Block(k) => Piece::Block(fetch(k, &p.within)?, within),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+                    .map(ReadData::Pieces),
             });
         if let Err(err) = &result {
             log::error!("read at {offset}+{n}: {err}");
