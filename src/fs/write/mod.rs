@@ -34,6 +34,7 @@ mod backing;
 mod commit;
 mod create;
 mod delta_commit;
+mod family;
 mod open;
 mod queue;
 mod relations;
@@ -43,6 +44,7 @@ mod setattr;
 mod stage;
 mod writers;
 
+pub(super) use family::FamilyQueue;
 pub(super) use queue::WritebackQueue;
 pub(super) use relations::test_delay;
 pub(super) use relations::RelationCache;
