@@ -130,6 +130,9 @@ fn stamps(dir: &Path) -> HashMap<PathBuf, (u64, u64, i64, i64)> {
     out
 }
 
+/// The checkpoints kept, with their bytes, shared with the readers.
+type Kept = Arc<Mutex<Vec<(String, Arc<Vec<u8>>)>>>;
+
 /// A training run keeping its last 4 checkpoints, with readers reading
 /// every kept checkpoint in a loop meanwhile: all reads exact; each
 /// deletion is of a leaf, rewrites nothing, and leaves every other stored
@@ -137,7 +140,7 @@ fn stamps(dir: &Path) -> HashMap<PathBuf, (u64, u64, i64, i64)> {
 #[test]
 fn retention_deletes_leaves_and_readers_racing_the_rewriter_read_exact() {
     let m = Arc::new(Mount::new(|_| {}, DELTA));
-    let kept: Arc<Mutex<Vec<(String, Arc<Vec<u8>>)>>> = Arc::default();
+    let kept: Kept = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..2)

@@ -126,7 +126,9 @@ impl CheckpointFs {
             }
             Ok(true) => {
                 self.writeback.succeeded(id);
+                // Not with a sink: a rewrite would have to be uploaded too.
                 if self.delta_auto
+                    && self.sink.is_none()
                     && matches!(packed, Some(Packed { delta: None, .. }))
                     && namespace::is_staging_name(current.target.file_name().unwrap_or_default())
                 {

@@ -103,6 +103,9 @@ fn stamp(m: &Metadata) -> Stamp {
     ((m.dev(), m.ino()), version_of(m))
 }
 
+/// A predecessor considered: (similarity, mtime, path, stamp, archive).
+type Candidate = (f64, (i64, i64), PathBuf, Stamp, Arc<dyn ArchiveView>);
+
 /// A file rewritten in the spool, waiting to be renamed over `to`.
 pub(super) struct Prepared {
     pub tmp: TempPath,
@@ -125,7 +128,7 @@ fn similarity(
             .iter()
             .filter_map(|t| {
                 let u = by_name.get(t.name.as_str())?;
-                (u.dtype == t.dtype && u.shape == t.shape && t.len() > 0).then_some((t, *u))
+                (u.dtype == t.dtype && u.shape == t.shape && !t.is_empty()).then_some((t, *u))
             })
             .collect();
     if shared.is_empty() {
@@ -264,8 +267,7 @@ impl CheckpointFs {
                 .iter()
                 .map(|t| (t.name.as_str(), (t.dtype.as_str(), t.shape.as_slice())))
                 .collect();
-        // (similarity, mtime, path, stamp, archive)
-        let mut best: Option<(f64, (i64, i64), PathBuf, Stamp, Arc<dyn ArchiveView>)> = None;
+        let mut best: Option<Candidate> = None;
         for p in self.family_candidates(target, &xh.0) {
             if p == x {
                 continue;
