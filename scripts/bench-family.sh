@@ -2,9 +2,10 @@
 # Issue 47's "Checked by": a training run written into a `--delta auto`
 # mount as checkpoint families, keeping the last 8 of 13 checkpoints.
 #
-# The run: a bf16 model of about 270 MB (an embedding, 12 blocks of
+# The run: a bf16 model of 368 MB (an embedding, 12 blocks of
 # attention and MLP weights, norms), fp32 master weights moved each step by
-# an Adam-sized update (lr * (0.5..1.5) * a random sign per element;
+# an Adam-sized update (lr * (0.5..1.5) per element in a direction that
+# persists, flipping with probability 0.1 a step, as momentum does;
 # LR=5e-5 by default), saved as bf16. Steps 4-6 train the top half only
 # (the embedding and the lower blocks frozen: their tensors are COPY);
 # checkpoint-9 is sharded (two shards and an index); checkpoint-11 is a

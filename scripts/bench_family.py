@@ -47,7 +47,7 @@ def shapes():
 class Model:
     def __init__(self):
         self.rng = np.random.default_rng(47)
-        self.w = {}
+        self.w, self.dir = {}, {}
         for n, s in shapes():
             if "norm" in n:
                 self.w[n] = np.ones(s, np.float32)
@@ -55,12 +55,18 @@ class Model:
                 self.w[n] = (self.rng.standard_normal(s, np.float32) * 0.02).astype(np.float32)
 
     def step(self, k):
+        """An Adam-sized step: lr * (0.5..1.5) per element, in a direction
+        that persists (momentum): each element's sign flips with
+        probability 0.1 per step."""
         for n, v in self.w.items():
             if k in FROZEN and ("embed" in n or any(f"layers.{i}." in n for i in range(6))):
                 continue
+            if n not in self.dir:
+                self.dir[n] = self.rng.integers(0, 2, v.shape, dtype=np.int8) * 2 - 1
+            flip = self.rng.random(v.shape, np.float32) < 0.1
+            self.dir[n][flip] *= -1
             u = self.rng.random(v.shape, np.float32) + 0.5
-            sign = self.rng.integers(0, 2, v.shape, dtype=np.int8) * 2 - 1
-            v -= (LR * u * sign).astype(np.float32)
+            v -= (LR * u * self.dir[n]).astype(np.float32)
 
     def bf16(self):
         return {n: v.astype(ml_dtypes.bfloat16).view(np.uint16) for n, v in self.w.items()}

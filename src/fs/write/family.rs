@@ -42,7 +42,7 @@ use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
 use crate::pack::delta::{pack_delta, DeltaBase};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, Metadata};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -59,8 +59,12 @@ pub(in crate::fs) const FAMILY_DEPTH: u32 = 3;
 
 /// Shared tensors sampled to compare two checkpoints.
 const SAMPLES: usize = 16;
-/// Bytes sampled from the middle of each.
-const SAMPLE_BYTES: u64 = 4096;
+/// Bytes sampled from the middle of each (a block of 1 MiB is decoded
+/// for it anyway).
+const SAMPLE_BYTES: u64 = 64 << 10;
+/// Candidates whose similarities differ by less than this are equally
+/// alike: the most recently modified wins.
+const TIE: f64 = 0.002;
 
 fn family_depth() -> u32 {
     std::env::var("CKPTFS_FAMILY_DEPTH")
@@ -114,8 +118,10 @@ pub(super) struct Prepared {
     was: Option<Stamp>,
 }
 
-/// The equal fraction of `SAMPLE_BYTES` taken from the middle of up to
-/// `SAMPLES` tensors both files have (name, dtype, shape).
+/// The fraction of equal elements in `SAMPLE_BYTES` taken from the middle
+/// of up to `SAMPLES` tensors both files have (name, dtype, shape).
+/// Elements, not bytes: a float that moved by a step differs in its low
+/// byte only, and counting bytes halves the signal.
 fn similarity(
     a: &dyn ArchiveView,
     ah: &(Header, u64),
@@ -138,8 +144,17 @@ fn similarity(
     let step = shared.len().div_ceil(SAMPLES);
     let (mut same, mut all) = (0u64, 0u64);
     for (t, u) in shared.iter().step_by(step) {
-        let n = SAMPLE_BYTES.min(t.len());
-        let at = (t.len() - n) / 2;
+        let w = match t.dtype.as_str() {
+            "BF16" | "F16" | "I16" | "U16" => 2,
+            "F32" | "I32" | "U32" => 4,
+            "F64" | "I64" | "U64" => 8,
+            _ => 1,
+        };
+        let n = SAMPLE_BYTES.min(t.len()) / w * w;
+        if n == 0 {
+            continue;
+        }
+        let at = (t.len() - n) / 2 / w * w;
         let mut x = vec![0u8; n as usize];
         let mut y = vec![0u8; n as usize];
         let ok = a
@@ -148,8 +163,12 @@ fn similarity(
             && b.read_at(0, bh.1 + u.begin + at, &mut y)
                 .is_ok_and(|k| k == y.len());
         if ok {
-            same += x.iter().zip(&y).filter(|(p, q)| p == q).count() as u64;
-            all += n;
+            same += x
+                .chunks_exact(w as usize)
+                .zip(y.chunks_exact(w as usize))
+                .filter(|(p, q)| p == q)
+                .count() as u64;
+            all += n / w;
         }
     }
     same as f64 / all.max(1) as f64
@@ -309,7 +328,10 @@ impl CheckpointFs {
             };
             let score = similarity(&*pa, &ph, &*xa, &xh);
             let t = (pm.mtime(), pm.mtime_nsec());
-            if best.as_ref().is_none_or(|b| (score, t) > (b.0, b.1)) {
+            let better = best
+                .as_ref()
+                .is_none_or(|b| score > b.0 + TIE || ((score - b.0).abs() <= TIE && t > b.1));
+            if better {
                 best = Some((score, t, p, stamp(&pm), pa));
             }
         }
@@ -375,9 +397,19 @@ impl CheckpointFs {
         let _held = self.hold_commits(target);
         let _g = self.ns.lock();
         let now = |q: &Path| self.store.lstat(q).ok().map(|m| stamp(&m));
+        // The deltas under P now: a delta committed against P meanwhile
+        // (a named base) must be re-pointed too, so the plan is stale.
+        let planned: HashSet<&Path> = todo[1..].iter().map(|t| t.to.as_path()).collect();
+        let rels_now = self.relations();
+        let under_now = subtree(&rels_now, &p);
         if now(&x) != Some(x_stamp)
             || now(&p) != Some(p_stamp)
             || todo.iter().any(|t| t.was.is_some() && now(&t.to) != t.was)
+            || under_now
+                .iter()
+                .map(PathBuf::as_path)
+                .collect::<HashSet<_>>()
+                != planned
         {
             return Ok(Some(format!(
                 "{} not rewritten: it, {} or a delta under it changed meanwhile",
@@ -476,6 +508,21 @@ impl CheckpointFs {
         }
         Ok(out)
     }
+}
+
+/// Every delta under STORE file `p`, directly or through others.
+fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut stack = vec![p.to_path_buf()];
+    while let Some(n) = stack.pop() {
+        for r in rels.iter().filter(|r| r.base == n && r.delta != n) {
+            if !out.contains(&r.delta) && out.len() < 1024 {
+                out.push(r.delta.clone());
+                stack.push(r.delta.clone());
+            }
+        }
+    }
+    out
 }
 
 /// The longest chain of deltas under STORE file `p` (0: none).
