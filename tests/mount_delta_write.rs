@@ -239,6 +239,14 @@ fn ten_checkpoints_are_deltas_and_read_back_exact() {
     let v = verify_ok(&m.store);
     assert!(v.contains("10 archives verified, 0 failed"), "{v}");
     assert_eq!(v.matches("base content matches").count(), 7, "{v}");
+    // Each family's layout: its full file, then the chain under it.
+    for f in [
+        "FAMILY step-3/model.zstn <- step-2/model.z4dm <- step-1/model.z4dm <- step-0/model.z4dm\n",
+        "FAMILY step-7/model.zstn <- step-6/model.z4dm <- step-5/model.z4dm <- step-4/model.z4dm\n",
+        "FAMILY step-9/model.zstn <- step-8/model.z4dm\n",
+    ] {
+        assert!(v.contains(f), "{f}: {v}");
+    }
     for (step, w) in want.iter().enumerate() {
         let got = std::fs::read(m.path(&format!("step-{step}/model.safetensors"))).unwrap();
         assert!(got == *w, "step {step} differs");
