@@ -12,8 +12,9 @@
 //!   `N.zsame` under its own name.
 //! - After the last writer closes ([`writers`]), the write-back thread
 //!   ([`queue`]) compresses it and commits the `.zstn` ([`commit`]), or
-//!   with `--delta auto` a `.z4dm` against a candidate base
-//!   ([`delta_commit`]).
+//!   with `--delta auto` and a named base a `.z4dm` against it
+//!   ([`delta_commit`]); otherwise, with `--delta auto`, the family thread
+//!   then rewrites its predecessor as a delta against it ([`family`]).
 //! - Deltas in STORE keep their bases: what removes, replaces or moves a
 //!   base first rewrites its dependents ([`relations`]).
 //!
