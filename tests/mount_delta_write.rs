@@ -124,6 +124,32 @@ fn save(m: &Mount, rel: &str, bytes: &[u8]) {
     m.wait_committed(120);
 }
 
+/// Saves `bytes` as `rel` naming `base` (`user.ckptfs.base`, relative to
+/// its directory): a delta against it. Does not wait.
+fn write_based(m: &Mount, rel: &str, bytes: &[u8], base: &str) {
+    use std::io::Write;
+    let p = m.path(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let mut f = std::fs::File::create(&p).unwrap();
+    setxattr(&p, "user.ckptfs.base", base);
+    f.write_all(bytes).unwrap();
+}
+
+/// [`write_based`], then waits for the commit.
+fn save_based(m: &Mount, rel: &str, bytes: &[u8], base: &str) {
+    write_based(m, rel, bytes, base);
+    m.wait_committed(120);
+}
+
+/// Waits until the log says `n` families were settled in all.
+fn wait_families(m: &Mount, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while m.log_text().matches("family settled").count() < n {
+        assert!(Instant::now() < deadline, "{}", m.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_log(m: &Mount, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !m.log_text().contains(what) {
@@ -136,6 +162,8 @@ fn wait_log(m: &Mount, what: &str) {
     }
 }
 
+/// Issue 47: the newest checkpoint standalone, older ones reverse deltas
+/// against their successor, a keyframe every 4 (`FAMILY_DEPTH` 3).
 #[test]
 fn ten_checkpoints_are_deltas_and_read_back_exact() {
     let mut m = Mount::new(|_| {}, DELTA);
@@ -144,22 +172,45 @@ fn ten_checkpoints_are_deltas_and_read_back_exact() {
     for step in 0..10 {
         let b = run.bytes();
         save(&m, &format!("step-{step}/model.safetensors"), &b);
+        wait_families(&m, step + 1);
         want.push(b);
         run.advance();
     }
-    let standalone = std::fs::metadata(m.store.join("step-0/model.zstn"))
+    let standalone = std::fs::metadata(m.store.join("step-9/model.zstn"))
         .unwrap()
         .len();
     let mut delta_bytes = 0;
-    for step in 1..10 {
+    // step: its base step and its real depth (None: standalone).
+    let layout = [
+        Some((1, 3)),
+        Some((2, 2)),
+        Some((3, 1)),
+        None,
+        Some((5, 3)),
+        Some((6, 2)),
+        Some((7, 1)),
+        None,
+        Some((9, 1)),
+        None,
+    ];
+    for (step, l) in layout.iter().enumerate() {
         let d = m.store.join(format!("step-{step}"));
+        let p = m.path(&format!("step-{step}/model.safetensors"));
+        let Some((base, depth)) = l else {
+            assert_eq!(
+                names(&d),
+                vec!["model.zstn"],
+                "step {step}: {}",
+                m.log_text()
+            );
+            continue;
+        };
         assert_eq!(
             names(&d),
             vec!["model.z4dm"],
             "step {step}: {}",
             m.log_text()
         );
-        let p = m.path(&format!("step-{step}/model.safetensors"));
         // `du` counts the delta's own stored bytes.
         let du = std::fs::metadata(&p).unwrap().blocks() * 512;
         let stored = std::fs::metadata(d.join("model.z4dm")).unwrap().len();
@@ -172,16 +223,30 @@ fn ten_checkpoints_are_deltas_and_read_back_exact() {
             "step {step}: {stored} vs {standalone}"
         );
         delta_bytes += stored;
-        let base = getxattr(&p, "user.ckptfs.base").unwrap();
-        assert!(base.starts_with("../step-"), "{base}");
+        let b = getxattr(&p, "user.ckptfs.base").unwrap();
+        assert!(
+            b.starts_with(&format!("../step-{base}/")),
+            "step {step}: {b}"
+        );
+        let o = ckptfs(&["info", d.join("model.z4dm").to_str().unwrap()]);
+        let info = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            info.contains(&format!("chain depth {depth})")),
+            "step {step}: {info}"
+        );
     }
-    eprintln!("10 checkpoints: standalone {standalone} bytes each, 9 deltas {delta_bytes} bytes");
-    // The chain stays within MAX_CHAIN (4): later steps were re-based.
+    eprintln!("10 checkpoints: standalone {standalone} bytes each, 7 deltas {delta_bytes} bytes");
     let v = verify_ok(&m.store);
-    // Every archive decoded (the .zstn and 9 deltas), then 9 relations.
     assert!(v.contains("10 archives verified, 0 failed"), "{v}");
-    assert_eq!(v.matches("base content matches").count(), 9, "{v}");
-    assert!(!v.contains("chain depth 5"), "{v}");
+    assert_eq!(v.matches("base content matches").count(), 7, "{v}");
+    // Each family's layout: its full file, then the chain under it.
+    for f in [
+        "FAMILY step-3/model.zstn <- step-2/model.z4dm <- step-1/model.z4dm <- step-0/model.z4dm\n",
+        "FAMILY step-7/model.zstn <- step-6/model.z4dm <- step-5/model.z4dm <- step-4/model.z4dm\n",
+        "FAMILY step-9/model.zstn <- step-8/model.z4dm\n",
+    ] {
+        assert!(v.contains(f), "{f}: {v}");
+    }
     for (step, w) in want.iter().enumerate() {
         let got = std::fs::read(m.path(&format!("step-{step}/model.safetensors"))).unwrap();
         assert!(got == *w, "step {step} differs");
@@ -204,8 +269,10 @@ fn the_base_xattr_picks_the_base_and_without_delta_nothing_changes() {
     let b = run.bytes();
     save(&m, "run/y/model.safetensors", &b);
     run.advance();
+    // x is now a delta against y (its successor, in the background).
+    wait_families(&m, 2);
     let c = run.bytes();
-    // Without the xattr y (the newest sibling) would be the base.
+    // Without the xattr, c would be stored standalone.
     let p = m.path("run/z/model.safetensors");
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     {
@@ -219,7 +286,7 @@ fn the_base_xattr_picks_the_base_and_without_delta_nothing_changes() {
     assert_eq!(names(&m.store.join("run/z")), vec!["model.z4dm"]);
     assert_eq!(
         getxattr(&p, "user.ckptfs.base").as_deref(),
-        Some("../x/model.zstn")
+        Some("../x/model.z4dm")
     );
     assert!(std::fs::read(&p).unwrap() == c);
     // A file with nothing in common is stored standalone.
@@ -234,13 +301,23 @@ fn the_base_xattr_picks_the_base_and_without_delta_nothing_changes() {
     assert_eq!(names(&m.store.join("run/v")), vec!["model.zstn"]);
 }
 
-/// step-0 <- step-1 <- step-2 (deltas), returning the three files.
+/// step-0 <- step-1 <- step-2 (forward deltas, each naming its base),
+/// returning the three files.
 fn chain(m: &Mount, seed: u64) -> Vec<Vec<u8>> {
     let mut run = Run::new(seed);
     let mut want = Vec::new();
     for step in 0..3 {
         let b = run.bytes();
-        save(m, &format!("step-{step}/model.safetensors"), &b);
+        let rel = format!("step-{step}/model.safetensors");
+        match step {
+            0 => save(m, &rel, &b),
+            _ => save_based(
+                m,
+                &rel,
+                &b,
+                &format!("../step-{}/model.safetensors", step - 1),
+            ),
+        }
         want.push(b);
         run.advance();
     }
@@ -285,6 +362,10 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
         getxattr(&m.path("step-2/model.safetensors"), "user.ckptfs.base").as_deref(),
         Some("../step-1b/model.zstn")
     );
+    // Its recorded depth is the real one again (it was 2).
+    let o = ckptfs(&["info", m.store.join("step-2/model.z4dm").to_str().unwrap()]);
+    let info = String::from_utf8_lossy(&o.stdout);
+    assert!(info.contains("chain depth 1)"), "{info}");
     assert_eq!(read(&m, "step-0/renamed.safetensors"), fresh);
     assert_eq!(read(&m, "step-1b/model.safetensors"), want[1]);
     assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
@@ -300,7 +381,12 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
     run.advance();
     run.advance();
     let s3 = run.bytes();
-    save(&m, "step-3/model.safetensors", &s3);
+    save_based(
+        &m,
+        "step-3/model.safetensors",
+        &s3,
+        "../step-2/model.safetensors",
+    );
     assert_eq!(names(&m.store.join("step-3")), vec!["model.z4dm"]);
     save(&m, "other/model.safetensors", &fresh);
     std::fs::rename(
@@ -321,9 +407,12 @@ fn kill_9_during_a_delta_commit_loses_nothing() {
     save(&m, "step-0/model.safetensors", &a);
     run.advance();
     let b = run.bytes();
-    let p = m.path("step-1/model.safetensors");
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(&p, &b).unwrap();
+    write_based(
+        &m,
+        "step-1/model.safetensors",
+        &b,
+        "../step-0/model.safetensors",
+    );
     wait_log(&m, "test hook: paused at delta-commit");
     m.kill9();
     // The delta is in place and the staged copy still there.
@@ -475,21 +564,28 @@ fn a_base_the_writer_may_not_read_or_does_not_own_is_never_used() {
         m.log_text()
     );
     assert_eq!(run_as_nobody(DIGEST, &[&target]).trim(), sha256_hex(&mine));
-    // Root's next step: the newest sibling is nobody's file, which root's
-    // file must not depend on; root's own earlier file is taken instead.
+    // Root's next step: stored standalone; an earlier file becomes a
+    // delta against it only where its owner may read it.
     run.advance();
     let roots = run.bytes();
     save(&m, "run/root/model.safetensors", &roots);
+    wait_families(&m, 3);
     assert_eq!(
         names(&m.store.join("run/root")),
-        vec!["model.z4dm"],
+        vec!["model.zstn"],
         "{}",
         m.log_text()
     );
-    assert_eq!(
-        getxattr(&m.path("run/root/model.safetensors"), "user.ckptfs.base").as_deref(),
-        Some("../secret/model.zstn")
-    );
+    // Whatever became a delta is one against root's newest file, which its
+    // owner may read; root's secret never became nobody's base.
+    for d in ["secret", "mine"] {
+        if let Some(b) = getxattr(
+            &m.path(&format!("run/{d}/model.safetensors")),
+            "user.ckptfs.base",
+        ) {
+            assert_eq!(b, "../root/model.zstn", "{d}: {}", m.log_text());
+        }
+    }
     // Every file reads back for its owner, also after a remount.
     m.unmount();
     m.remount(&["--delta", "auto", "--allow-other"]);

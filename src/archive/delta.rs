@@ -201,6 +201,16 @@ impl Base {
             Base::Plain { .. } => 0,
         }
     }
+    /// Its real chain depth: 0 for a standalone base, else 1 + its own
+    /// base's (the recorded depth is only an upper bound).
+    pub fn chain_depth(&self) -> u32 {
+        match self {
+            Base::Archive(a, _) => (&**a as &dyn std::any::Any)
+                .downcast_ref::<DeltaArchive>()
+                .map_or(0, |d| d.chain_depth()),
+            Base::Plain { .. } => 0,
+        }
+    }
     /// Calls `f` on the presented content, in order, in chunks.
     pub fn stream(&self, f: &mut dyn FnMut(&[u8])) -> Result<()> {
         match self {
@@ -686,6 +696,11 @@ impl DeltaArchive {
     /// The chain depth: 1 when the base is standalone.
     pub fn depth(&self) -> u32 {
         self.trailer.depth
+    }
+
+    /// The real chain depth, from the bases opened (at most `depth()`).
+    pub fn chain_depth(&self) -> u32 {
+        1 + self.base.chain_depth()
     }
 
     /// The base path as recorded (relative to this archive's directory).

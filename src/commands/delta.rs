@@ -229,8 +229,22 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
         .collect();
     let fs = StoreFs { root: root.clone() };
     let mut failed = 0;
+    // (delta, base), store-relative, for the family layout.
+    let mut edges: Vec<(String, String)> = Vec::new();
     for p in &deltas {
         let shown = p.strip_prefix(&root).unwrap_or(p).display().to_string();
+        if let Ok(Some(t)) = std::fs::read(p)
+            .map_err(|e| e.to_string())
+            .and_then(|b| crate::format::delta::Trailer::find(&b))
+        {
+            let base = p.parent().unwrap_or(&root).join(&t.base_path);
+            if let Ok(b) = std::fs::canonicalize(base) {
+                edges.push((
+                    shown.clone(),
+                    b.strip_prefix(&root).unwrap_or(&b).display().to_string(),
+                ));
+            }
+        }
         let r = (|| -> Result<String> {
             let f = std::fs::File::open(p).with_context(|| shown.clone())?;
             let a = archive::from_file_with(&f, p, &fs)?;
@@ -252,7 +266,37 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
             }
         }
     }
+    print_families(&edges);
     Ok((deltas.len(), failed))
+}
+
+/// One line per family: its standalone root, then the deltas against it,
+/// each followed by those against it (`A <- B <- C`: B is a delta against
+/// A, C against B; `[X | Y]` where two deltas share a base).
+fn print_families(edges: &[(String, String)]) {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut kids: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let deltas: BTreeSet<&str> = edges.iter().map(|e| e.0.as_str()).collect();
+    for (d, b) in edges {
+        kids.entry(b.as_str()).or_default().push(d.as_str());
+    }
+    fn render(n: &str, kids: &BTreeMap<&str, Vec<&str>>, left: u32) -> String {
+        match kids.get(n).map(Vec::as_slice) {
+            _ if left == 0 => format!("{n} <- ..."),
+            None | Some([]) => n.to_string(),
+            Some([k]) => format!("{n} <- {}", render(k, kids, left - 1)),
+            Some(ks) => format!(
+                "{n} <- [{}]",
+                ks.iter()
+                    .map(|k| render(k, kids, left - 1))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ),
+        }
+    }
+    for root in kids.keys().filter(|b| !deltas.contains(*b)) {
+        println!("FAMILY {}", render(root, &kids, 16));
+    }
 }
 
 /// Every regular file under the store `root` (canonical) whose name the

@@ -647,6 +647,12 @@ pub(super) fn foreground(
             .name("ckptfs-writeback".into())
             .spawn(move || fs.writeback_loop())?
     };
+    let family = {
+        let fs = fs.clone();
+        std::thread::Builder::new()
+            .name("ckptfs-family".into())
+            .spawn(move || fs.family_loop())?
+    };
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(format!("ckptfs:{}", store.display())),
@@ -713,7 +719,9 @@ pub(super) fn foreground(
         .with_context(|| mountpoint.display().to_string())?;
     sd_notify("STOPPING=1");
     fs.stop_writeback();
+    fs.stop_family();
     let _ = writeback.join();
+    let _ = family.join();
     // Files closed just before the unmount: compress them now rather than
     // at the next mount (they are durable in the spool either way).
     fs.release_all();

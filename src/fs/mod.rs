@@ -176,6 +176,9 @@ pub struct CheckpointFs {
     /// `mount --delta auto`: commits may be stored as deltas.
     delta_auto: bool,
     relation_cache: RelationCache,
+    /// Committed files whose family the family thread settles
+    /// (`write::family`).
+    family: write::FamilyQueue,
 }
 
 impl std::fmt::Debug for CheckpointFs {
@@ -239,6 +242,7 @@ impl CheckpointFs {
             sink: None,
             delta_auto: false,
             relation_cache: Default::default(),
+            family: write::FamilyQueue::new(),
         };
         fs.recover_relations();
         for r in recovered {

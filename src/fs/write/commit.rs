@@ -128,6 +128,16 @@ impl CheckpointFs {
             Ok(true) => {
                 self.writeback.succeeded(id);
                 self.stats.commit(true);
+                // Not with a sink: a rewrite would have to be uploaded too.
+                if self.delta_auto
+                    && self.sink.is_none()
+                    && matches!(packed, Some(Packed { delta: None, .. }))
+                    && namespace::is_staging_name(current.target.file_name().unwrap_or_default())
+                {
+                    // Stored standalone: its predecessor may become a
+                    // delta against it, in the background.
+                    self.queue_family(&current.target);
+                }
                 if let Some(Packed { raw, stored, .. }) = packed {
                     log::info!(
                         "{}: compressed {} -> {} bytes (ratio {:.4}) in {:.2} s",
@@ -163,7 +173,7 @@ impl CheckpointFs {
     /// Waits while `ckptfs hold` holds STORE, then keeps commits' shared
     /// lock until dropped (see `crate::fs::hold`). A lock that cannot be
     /// taken at all is logged and does not stop the commit.
-    fn hold_commits(&self, target: &Path) -> Option<crate::fs::hold::DirLock<'_>> {
+    pub(super) fn hold_commits(&self, target: &Path) -> Option<crate::fs::hold::DirLock<'_>> {
         let dir = self.hold.as_ref()?;
         let waiting = || {
             log::info!(

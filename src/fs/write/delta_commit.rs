@@ -33,7 +33,7 @@ use crate::format::safetensors::{self, Header};
 use crate::fs::beneath::{on_behalf, Ids};
 use crate::fs::inode::Identity;
 use crate::fs::namespace;
-use crate::fs::spool::{Spool, SPOOL_DIR};
+use crate::fs::spool::Spool;
 use crate::fs::xattr::XATTR_BASE;
 use crate::fs::CheckpointFs;
 use crate::pack::delta::{pack_delta, DeltaBase};
@@ -76,7 +76,7 @@ pub(super) struct Writer {
 impl Writer {
     /// The owner of staged file `m` (given the caller's ownership when it
     /// was created) with the supplementary groups of that user.
-    fn of_staged(m: &std::fs::Metadata) -> io::Result<Writer> {
+    pub(super) fn of_staged(m: &std::fs::Metadata) -> io::Result<Writer> {
         Ok(Writer {
             ids: Ids {
                 uid: m.uid(),
@@ -165,7 +165,7 @@ impl CheckpointFs {
     }
 
     /// The committed backing file presenting STORE path `presented`.
-    fn committed_backing(&self, presented: &Path) -> Option<PathBuf> {
+    pub(super) fn committed_backing(&self, presented: &Path) -> Option<PathBuf> {
         let name = presented.file_name()?;
         let dir = parent(presented);
         let mut names = vec![name.to_os_string()];
@@ -182,6 +182,12 @@ impl CheckpointFs {
 
     /// The header of the file presented by STORE backing `rel`.
     fn presented_header(&self, rel: &Path) -> Option<Header> {
+        self.presented_header_at(rel).map(|h| h.0)
+    }
+
+    /// The header of the file presented by STORE backing `rel`, and where
+    /// its data buffer starts.
+    pub(super) fn presented_header_at(&self, rel: &Path) -> Option<(Header, u64)> {
         let a = self.open_store_archive(rel).ok()?;
         let len = a.logical_len(0);
         let mut prefix = [0u8; 8];
@@ -193,7 +199,41 @@ impl CheckpointFs {
         if a.read_at(0, 8, &mut raw).ok()? != raw.len() {
             return None;
         }
-        Header::parse(&raw, len - 8 - n).ok()
+        Some((Header::parse(&raw, len - 8 - n).ok()?, 8 + n))
+    }
+
+    /// A committed `.safetensors` in `target`'s directory with the same
+    /// tensors (names, dtypes, shapes), among the first [`MAX_SAME_DIR`]
+    /// looked at; the target's own is never one.
+    pub(super) fn same_tensors_in_dir(&self, target: &Path, header: &Header) -> Option<PathBuf> {
+        let name = target.file_name()?;
+        let dir = parent(target);
+        let want = tensor_set(header);
+        let mut looked = 0;
+        for e in self.store.read_dir(dir).ok()?.flatten() {
+            let n = e.file_name();
+            let Some(shown) = namespace::presented_name(&n) else {
+                continue;
+            };
+            if shown == name
+                || !namespace::is_staging_name(&shown)
+                || !e.file_type().is_ok_and(|t| t.is_file())
+            {
+                continue;
+            }
+            looked += 1;
+            if looked > MAX_SAME_DIR {
+                break;
+            }
+            let rel = dir.join(&n);
+            if self
+                .presented_header(&rel)
+                .is_some_and(|h| tensor_set(&h) == want)
+            {
+                return Some(rel);
+            }
+        }
+        None
     }
 
     /// The candidate base of staged `target` (spool entry `id`): its
@@ -236,63 +276,10 @@ impl CheckpointFs {
                 ),
             }
         }
-        if let Some(this) = dir.file_name() {
-            let up = parent(dir);
-            let mut best: Option<(i64, i64, PathBuf)> = None;
-            for e in self.store.read_dir(up).ok()?.flatten() {
-                let s = e.file_name();
-                if s == this || (up.as_os_str().is_empty() && s == SPOOL_DIR) {
-                    continue;
-                }
-                if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                    continue;
-                }
-                let Some(b) = self.committed_backing(&up.join(&s).join(name)) else {
-                    continue;
-                };
-                if self.base_refused(writer, &b).is_some() {
-                    continue;
-                }
-                let Ok(m) = self.store.lstat(&b) else {
-                    continue;
-                };
-                let t = (m.mtime(), m.mtime_nsec());
-                if best.as_ref().is_none_or(|(s, n, _)| t > (*s, *n)) {
-                    best = Some((t.0, t.1, b));
-                }
-            }
-            if let Some((_, _, b)) = best {
-                return Some(b);
-            }
-        }
-        let want = tensor_set(header);
-        let mut looked = 0;
-        for e in self.store.read_dir(dir).ok()?.flatten() {
-            let n = e.file_name();
-            let Some(shown) = namespace::presented_name(&n) else {
-                continue;
-            };
-            if shown == name
-                || !namespace::is_staging_name(&shown)
-                || !e.file_type().is_ok_and(|t| t.is_file())
-            {
-                continue;
-            }
-            looked += 1;
-            if looked > MAX_SAME_DIR {
-                break;
-            }
-            let rel = dir.join(&n);
-            if self.base_refused(writer, &rel).is_some() {
-                continue;
-            }
-            if self
-                .presented_header(&rel)
-                .is_some_and(|h| tensor_set(&h) == want)
-            {
-                return Some(rel);
-            }
-        }
+        // Without a named base, the file is stored standalone and its
+        // family settled in the background (`family`): the newest is
+        // standalone, its predecessor becomes a delta against it.
+        let _ = header;
         None
     }
 
@@ -325,9 +312,10 @@ impl CheckpointFs {
                 let a = self
                     .open_store_archive(&base)
                     .map_err(|e| io::Error::other(e.to_string()))?;
+                // The real depth, not the recorded one (an upper bound).
                 let depth = (&*a as &dyn std::any::Any)
                     .downcast_ref::<DeltaArchive>()
-                    .map_or(0, |d| d.depth());
+                    .map_or(0, |d| d.chain_depth());
                 if depth < MAX_CHAIN {
                     break (a, depth);
                 }

@@ -12,8 +12,9 @@
 //!   `N.zsame` under its own name.
 //! - After the last writer closes ([`writers`]), the write-back thread
 //!   ([`queue`]) compresses it and commits the `.zstn` ([`commit`]), or
-//!   with `--delta auto` a `.z4dm` against a candidate base
-//!   ([`delta_commit`]).
+//!   with `--delta auto` and a named base a `.z4dm` against it
+//!   ([`delta_commit`]); otherwise, with `--delta auto`, the family thread
+//!   then rewrites its predecessor as a delta against it ([`family`]).
 //! - Deltas in STORE keep their bases: what removes, replaces or moves a
 //!   base first rewrites its dependents ([`relations`]).
 //!
@@ -34,6 +35,7 @@ mod backing;
 mod commit;
 mod create;
 mod delta_commit;
+mod family;
 mod open;
 mod queue;
 mod relations;
@@ -43,6 +45,7 @@ mod setattr;
 mod stage;
 mod writers;
 
+pub(super) use family::FamilyQueue;
 pub(super) use queue::WritebackQueue;
 pub(super) use relations::test_delay;
 pub(super) use relations::RelationCache;

@@ -216,7 +216,7 @@ impl CheckpointFs {
     }
 
     /// The trailer of the delta at `rel` and the file's map.
-    fn read_trailer(&self, rel: &Path) -> Result<(Trailer, memmap2::Mmap)> {
+    pub(super) fn read_trailer(&self, rel: &Path) -> Result<(Trailer, memmap2::Mmap)> {
         let f = self.store.open_file(rel, libc::O_RDONLY, 0)?;
         if f.metadata()?.len() == 0 {
             return Err(bad(rel, "empty"));
@@ -252,7 +252,10 @@ impl CheckpointFs {
     /// Writes `fill` to a new temporary file in the spool (mode 0600 until
     /// the caller sets it), fsynced. The name ends in `.tmp`: removed at
     /// startup if a crash leaves it.
-    fn spool_tmp(&self, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<PathBuf> {
+    pub(super) fn spool_tmp(
+        &self,
+        fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<PathBuf> {
         let spool = self.spool()?;
         let n = TMP.fetch_add(1, Ordering::Relaxed);
         let tmp = spool
@@ -276,10 +279,9 @@ impl CheckpointFs {
         Ok(tmp)
     }
 
-    /// Gives the temporary file the mode, owner and times of `like`,
-    /// fsyncs it and renames it to STORE path `to`, then fsyncs the
-    /// directory.
-    fn install(&self, tmp: &Path, like: &std::fs::Metadata, to: &Path) -> Result<()> {
+    /// Gives the temporary file the mode, owner and times of `like` and
+    /// fsyncs it (removed on failure).
+    pub(super) fn prepare(&self, tmp: &Path, like: &std::fs::Metadata) -> Result<()> {
         let r = (|| -> io::Result<()> {
             let f = OpenOptions::new().write(true).open(tmp)?;
             use std::os::unix::fs::PermissionsExt;
@@ -298,6 +300,13 @@ impl CheckpointFs {
             let _ = std::fs::remove_file(tmp);
             return Err(e.into());
         }
+        Ok(())
+    }
+
+    /// [`Self::prepare`]s the temporary file, renames it to STORE path
+    /// `to`, then fsyncs the directory.
+    fn install(&self, tmp: &Path, like: &std::fs::Metadata, to: &Path) -> Result<()> {
+        self.prepare(tmp, like)?;
         if let Err(e) = self.store.rename_in(tmp, to) {
             let _ = std::fs::remove_file(tmp);
             return Err(e.into());
@@ -366,8 +375,12 @@ impl CheckpointFs {
             .open_store_archive(&new_rel)
             .ok()
             .and_then(|a| a.fingerprint());
-        for e in rels.iter().filter(|r| r.delta != d && r.base == d) {
-            self.retarget(&e.delta, &base_path_for(&e.delta, &new_rel)?, fp)?;
+        // The deltas under it: the new base path, its fingerprint, and
+        // their real depths (one less now), recursively.
+        for t in self.plan_subtree(rels, d, &new_rel, fp.unwrap_or(0), 0)? {
+            self.store.rename_in(&t.tmp.0, &t.to)?;
+            self.store.sync_dir(parent(&t.to))?;
+            self.rebase_inode(&t.to, t.to.file_name().unwrap_or_default());
         }
         if new_rel != d {
             self.store.unlink(d)?;
@@ -427,7 +440,7 @@ impl CheckpointFs {
     /// The inode presenting STORE archive `old` (if the table has one)
     /// now has backing `new_name` in the same directory: same content,
     /// same number.
-    fn rebase_inode(&self, old: &Path, new_name: &OsStr) {
+    pub(super) fn rebase_inode(&self, old: &Path, new_name: &OsStr) {
         let mut ino = ROOT_INO;
         for c in parent(old).components() {
             match self.inodes.find(ino, c.as_os_str()) {
@@ -608,7 +621,7 @@ impl Write for SameAs<'_> {
 }
 
 /// A spool file removed when dropped.
-struct TempPath(PathBuf);
+pub(super) struct TempPath(pub(super) PathBuf);
 
 impl Drop for TempPath {
     fn drop(&mut self) {
