@@ -196,7 +196,7 @@ pub struct PackArgs {
     /// zstd level for opaque (integer, bool, fp8) tensors.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub level: i32,
-    /// Frame layouts to write. `ckptfs` (default): float tensors in split-float frames where they pay (about twice as fast to decode; z4ai 0.2.0 cannot read them). `z4ai`: only frames z4ai 0.2.0 reads. INPUT may be a .zstn to repack it either way.
+    /// Frame layouts to write. `ckptfs` (default): float tensors in split-float frames where they pay (faster to decode; z4ai 0.2.0 cannot read them). `z4ai`: only frames z4ai 0.2.0 reads. INPUT may be a .zstn to repack it either way.
     #[arg(long, value_enum, default_value_t = CompatArg::Ckptfs)]
     pub compat: CompatArg,
     /// Replace existing output files.

@@ -102,6 +102,10 @@ impl Z4aiFrame<'_> {
     /// the output is the only buffer of its size (a plane is at most 3/4 of
     /// it). Stored planes are read in place.
     fn decode_plane_by_plane(&self, body: &mut [u8]) -> Result<()> {
+        if let Transform::Split(_) = self.transform {
+            // Block by block already holds no whole plane.
+            return self.decode_split(body);
+        }
         if let Some(r) = self.decode_mantissa_by_blocks(body) {
             return r;
         }

@@ -1,5 +1,7 @@
-//! Pure codecs: transforms (byte-plane, bit-field), zstd glue, rANS, and the
-//! decoding of the frames `format::frame` parses (`frame`).
+//! Pure codecs: transforms (byte-plane, bit-field, split-float in `split`),
+//! zstd glue, rANS (z4ai's coders in `rans`, ckptfs's 32-state coder of
+//! plane method 6 in `rans32`), and the decoding of the frames
+//! `format::frame` parses (`frame`).
 //!
 //! Nothing here does I/O or knows about containers (ZSTN, .blz); every
 //! function works on slices and writes into caller-provided buffers whose
