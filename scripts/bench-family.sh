@@ -15,7 +15,8 @@
 #
 # Each configuration writes the same run into a fresh store:
 #   standalone  AFTER build, no --delta (the baseline of every ratio)
-#   before      BEFORE build (default /work/main/target/release/ckptfs), --delta auto
+#   before      BEFORE build (an older ckptfs, e.g. one built from the commit
+#               before issue 47; only when BEFORE is set), --delta auto
 #   after       AFTER build (this tree's release build), --delta auto
 # and prints, medians of RUNS (3) where timed: store size of the 8 kept
 # checkpoints (vs the same 8 standalone, vs the plain files), each rm -rf's
@@ -34,10 +35,16 @@ if [ -z "${AFTER:-}" ]; then
   cargo build --locked --release -q
 fi
 AFTER="$(realpath "${AFTER:-${CARGO_TARGET_DIR:-target}/release/ckptfs}")"
-BEFORE="$(realpath "${BEFORE:-/work/main/target/release/ckptfs}")"
+if [ -n "${BEFORE:-}" ]; then
+  BEFORE="$(realpath "$BEFORE")"
+  DEFAULT_CONFIGS="standalone before after"
+else
+  BEFORE=none
+  DEFAULT_CONFIGS="standalone after"
+fi
 PY="${CKPTFS_VENV:-.venv}/bin/python"
 mkdir -p "$W"
 echo "load before: $(uptime)"
 "$PY" scripts/bench_family.py "$W" "$BEFORE" "$AFTER" "${RUNS:-3}" "${LR:-5e-5}" \
-  "${CONFIGS:-standalone before after}"
+  "${CONFIGS:-$DEFAULT_CONFIGS}"
 echo "load after: $(uptime)"

@@ -6,7 +6,9 @@
 //! split-float frame ([`split_frame`]: top byte in rANS-32 blocks, the
 //! other bytes stored), which decodes faster (bf16 about 1.8x per CPU
 //! second), and keep it unless the z4ai layout below is smaller by more
-//! than [`SPLIT_SLACK`].
+//! than [`SPLIT_SLACK`]. Tensors above 8 MiB are compared on a 4 MiB
+//! sample first; the z4ai layout is encoded in full only when the sample
+//! leaves the choice open.
 //!
 //! With `--compat z4ai` ([`Compat::Z4ai`]), and as the fallback:
 //! - BF16 and F32: bit-field frame (sign stored, exponent rANS, mantissa
@@ -50,11 +52,12 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
     if raw.len() < TINY {
         return opaque_frame(raw, opts);
     }
-    let old = |w: usize| match w {
+    let old_of = |raw: &[u8], w: usize| match w {
         2 if dtype == Some(Dtype::BF16) => bf16_frame(raw),
         2 => byteplane_frame(raw, 2),
         _ => fp32_frame(raw),
     };
+    let old = |w: usize| old_of(raw, w);
     let split_w = match dtype {
         Some(Dtype::BF16) | Some(Dtype::F16) => Some(2),
         Some(Dtype::F32) => Some(4),
@@ -63,12 +66,30 @@ pub fn encode_tensor(dtype: Option<Dtype>, raw: &[u8], opts: PackOptions) -> Vec
     let primary = match dtype {
         _ if opts.compat == Compat::Ckptfs && split_w.is_some() => {
             let w = split_w.expect("checked");
-            let (s, o) = rayon::join(|| split_frame(raw, w), || old(w));
-            Some(if s.len() as f64 <= o.len() as f64 * (1.0 + SPLIT_SLACK) {
-                s
+            let keep_split =
+                |s: &[u8], o: &[u8]| s.len() as f64 <= o.len() as f64 * (1.0 + SPLIT_SLACK);
+            if raw.len() <= 2 * SAMPLE_BYTES {
+                let (s, o) = rayon::join(|| split_frame(raw, w), || old(w));
+                Some(if keep_split(&s, &o) { s } else { o })
             } else {
-                o
-            })
+                // Encoding both layouts in full cut compression speed to
+                // a third, and the z4ai layout wins on few tensors: it is
+                // encoded in full only when a sample of the tensor (four
+                // pieces spread over it) does not keep the split frame by
+                // half the slack (a split frame chosen so is at most about
+                // SPLIT_SLACK larger than the z4ai one).
+                let sample = sample_of(raw, w);
+                let (s, (ss, so)) = rayon::join(
+                    || split_frame(raw, w),
+                    || rayon::join(|| split_frame(&sample, w), || old_of(&sample, w)),
+                );
+                if ss.len() as f64 <= so.len() as f64 * (1.0 + SPLIT_SLACK / 2.0) {
+                    Some(s)
+                } else {
+                    let o = old(w);
+                    Some(if keep_split(&s, &o) { s } else { o })
+                }
+            }
         }
         Some(Dtype::BF16) | Some(Dtype::F16) | Some(Dtype::F32) => {
             Some(old(split_w.expect("float")))
@@ -564,6 +585,23 @@ fn bf16_frame(raw: &[u8]) -> Vec<u8> {
         || zstd_blocks_or_stored(&mant, n.div_ceil(k).max(1)),
     );
     render_z4ai(Transform::Bitfield(BFLOAT16), tail, &[sign_plane, x, m])
+}
+
+/// Bytes of a float tensor encoded both ways to choose the layout: four
+/// pieces of a quarter of this, spread over the tensor ([`sample_of`]).
+const SAMPLE_BYTES: usize = 4 << 20;
+
+/// Four pieces of `SAMPLE_BYTES / 4` (whole `w`-byte elements), at the
+/// start, a third, two thirds and the end of `raw`.
+fn sample_of(raw: &[u8], w: usize) -> Vec<u8> {
+    let piece = (SAMPLE_BYTES / 4 / w) * w;
+    let elems = raw.len() / w;
+    let mut v = Vec::with_capacity(4 * piece);
+    for k in 0..4 {
+        let start = ((elems - piece / w) * k / 3) * w;
+        v.extend_from_slice(&raw[start..start + piece]);
+    }
+    v
 }
 
 /// How much larger than the z4ai layout a split-float frame may be and
