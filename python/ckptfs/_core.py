@@ -258,7 +258,7 @@ def _metadata(metadata):
     return items
 
 
-def save(fw, tensors, metadata, level, path):
+def save(fw, tensors, metadata, level, path, compat="ckptfs"):
     items, keep = [], []
     for name, t in tensors.items():
         if not isinstance(name, str):
@@ -266,4 +266,4 @@ def save(fw, tensors, metadata, level, path):
         dtype, shape, addr, nbytes, held = fw.export(name, t)
         keep.append(held)
         items.append((name, dtype, shape, addr, nbytes))
-    return _native.save(items, _metadata(metadata), level, None if path is None else _path(path))
+    return _native.save(items, _metadata(metadata), level, None if path is None else _path(path), compat)

@@ -78,12 +78,12 @@ def load(data):
     return _core.load(_ADAPTER, data)
 
 
-def save_file(tensors, filename, metadata=None, *, level=3):
+def save_file(tensors, filename, metadata=None, *, level=3, compat="ckptfs"):
     """Writes ``tensors`` to ``filename`` as a ``.zstn``, atomically (see
     ``ckptfs.torch.save_file``)."""
-    _core.save(_ADAPTER, tensors, metadata, level, filename)
+    _core.save(_ADAPTER, tensors, metadata, level, filename, compat)
 
 
-def save(tensors, metadata=None, *, level=3):
+def save(tensors, metadata=None, *, level=3, compat="ckptfs"):
     """The ``.zstn`` of ``tensors``, as bytes."""
-    return _core.save(_ADAPTER, tensors, metadata, level, None)
+    return _core.save(_ADAPTER, tensors, metadata, level, None, compat)

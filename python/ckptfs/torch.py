@@ -74,13 +74,16 @@ def load(data):
     return _core.load(_ADAPTER, data)
 
 
-def save_file(tensors, filename, metadata=None, *, level=3):
+def save_file(tensors, filename, metadata=None, *, level=3, compat="ckptfs"):
     """Writes ``tensors`` to ``filename`` as a ``.zstn`` (atomically:
     a temporary sibling, fsync, rename, fsync of the directory), as
-    ``ckptfs pack --level LEVEL`` would from their safetensors file."""
-    _core.save(_ADAPTER, tensors, metadata, level, filename)
+    ``ckptfs pack --level LEVEL --compat COMPAT`` would from their
+    safetensors file: ``compat="z4ai"`` writes only frames z4ai 0.2.0
+    reads (the default, ``"ckptfs"``, float tensors in split-float frames
+    that decode faster)."""
+    _core.save(_ADAPTER, tensors, metadata, level, filename, compat)
 
 
-def save(tensors, metadata=None, *, level=3):
+def save(tensors, metadata=None, *, level=3, compat="ckptfs"):
     """The ``.zstn`` of ``tensors``, as bytes."""
-    return _core.save(_ADAPTER, tensors, metadata, level, None)
+    return _core.save(_ADAPTER, tensors, metadata, level, None, compat)

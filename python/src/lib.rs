@@ -135,13 +135,14 @@ fn extract(py: Python<'_>, path: String, member: String, dest: String) -> PyResu
 /// address, byte length) of contiguous little-endian memory. Writes `path`
 /// atomically, or returns the archive's bytes when `path` is None.
 #[pyfunction]
-#[pyo3(signature = (items, metadata, level, path))]
+#[pyo3(signature = (items, metadata, level, path, compat="ckptfs"))]
 fn save<'py>(
     py: Python<'py>,
     items: Vec<(String, String, Vec<u64>, usize, u64)>,
     metadata: Option<Vec<(String, String)>>,
     level: i32,
     path: Option<String>,
+    compat: &str,
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
     let items: Vec<writer::Item> = items
         .into_iter()
@@ -154,7 +155,7 @@ fn save<'py>(
         })
         .collect();
     let out = guarded(py, || {
-        writer::save(&items, metadata.as_deref(), level, path.as_deref())
+        writer::save(&items, metadata.as_deref(), level, compat, path.as_deref())
     })?;
     Ok(out.map(|b| PyBytes::new(py, &b)))
 }

@@ -107,13 +107,21 @@ pub fn save(
     items: &[Item],
     metadata: Option<&[(String, String)]>,
     level: i32,
+    compat: &str,
     path: Option<&str>,
 ) -> Result<Option<Vec<u8>>> {
     if !(1..=19).contains(&level) {
         return Err(bad(format!("level {level}: not in 1..=19")));
     }
+    // As `ckptfs pack --compat`: split-float frames by default, only what
+    // z4ai 0.2.0 reads with "z4ai".
+    let compat = match compat {
+        "ckptfs" => ckptfs::pack::Compat::Ckptfs,
+        "z4ai" => ckptfs::pack::Compat::Z4ai,
+        c => return Err(bad(format!("compat {c:?}: not \"ckptfs\" or \"z4ai\""))),
+    };
     let file = serialize(items, metadata)?;
-    let opts = PackOptions { level };
+    let opts = PackOptions { level, compat };
     let Some(path) = path else {
         let mut out = Vec::new();
         pack(&file, &mut out, opts, &|_| {}).map_err(|e| io("pack", std::io::Error::other(e)))?;

@@ -58,7 +58,7 @@ def s3(tmp_path_factory):
     """moto's server (tests/s3_server.py) with a bucket `ckpt`; yields the
     endpoint. The AWS variables are set for the process (the native client
     reads them)."""
-    pytest.importorskip("moto")
+    import moto  # noqa: F401  (the test S3 server: tests/s3_server.py)
     port = _free_port()
     log = open(tmp_path_factory.mktemp("s3") / "server.log", "w")
     proc = subprocess.Popen(

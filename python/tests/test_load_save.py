@@ -111,8 +111,29 @@ def test_every_dtype_round_trips_through_save_file_and_the_cli(tmp_path, cli):
     assert all(same(ckptfs.torch.load(data)[k], v) for k, v in tensors.items())
 
 
+def test_compat_z4ai_writes_frames_z4ai_reads(tmp_path, cli):
+    import z4ai.safetensors
+
+    rng = np.random.default_rng(3)
+    w = torch.from_numpy(rng.normal(0, 0.02, (512, 1024)).astype(np.float32)).to(torch.bfloat16)
+    tensors = {"w": w, "b": torch.arange(1024, dtype=torch.float32)}
+    default, compat = tmp_path / "default.zstn", tmp_path / "z4ai.zstn"
+    ckptfs.torch.save_file(tensors, default)
+    ckptfs.torch.save_file(tensors, compat, compat="z4ai")
+    assert "split-float" in cli("info", default).stdout
+    assert "split-float" not in cli("info", compat).stdout
+    z4ai.safetensors.decompress_file(str(compat), str(tmp_path / "z4ai.safetensors"))
+    back = safetensors.torch.load_file(tmp_path / "z4ai.safetensors")
+    assert all(torch.equal(back[k], v) for k, v in tensors.items())
+    for f in (default, compat):
+        got = ckptfs.torch.load_file(f)
+        assert all(torch.equal(got[k], v) for k, v in tensors.items())
+    with pytest.raises(ckptfs.Error, match="compat"):
+        ckptfs.torch.save(tensors, compat="zipnn")
+
+
 def test_numpy_dtypes_including_ml_dtypes(tmp_path, cli):
-    ml = pytest.importorskip("ml_dtypes")
+    import ml_dtypes as ml
     rng = np.random.default_rng(1)
     f32 = rng.standard_normal((4, 513)).astype(np.float32)
     arrays = {

