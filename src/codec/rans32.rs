@@ -488,33 +488,36 @@ pub fn encode_block(data: &[u8]) -> Vec<u8> {
     head[0] = ((head.len() - 1) / 3 - 1) as u8;
     // x / f by a multiply: the f64 quotient is off by at most one, which
     // the remainder's range corrects (a division per symbol made encoding
-    // several times slower than decoding).
-    let mut inv = [0f64; 256];
-    for (v, &f) in inv.iter_mut().zip(&freqs) {
-        *v = if f > 0 { 1.0 / f as f64 } else { 0.0 };
+    // several times slower than decoding). Per symbol: its (freq, cum,
+    // 1/freq) in one table entry, and no branch: the renormalisation and
+    // the correction are data-dependent, and mispredicted branches were
+    // most of the encoder's time.
+    let mut sym = [(0u32, 0u32, 0f64); 256];
+    for (s, e) in sym.iter_mut().enumerate() {
+        let f = freqs[s] as u32;
+        *e = (f, cum[s], if f > 0 { 1.0 / f as f64 } else { 0.0 });
     }
     let mut states = [LOW; LANES];
-    let mut words: Vec<u16> = Vec::with_capacity(data.len() / 4);
+    // At most one word per symbol.
+    let mut words: Vec<u16> = vec![0; data.len()];
+    let mut n_words = 0usize;
     for i in (0..data.len()).rev() {
-        let s = data[i] as usize;
-        let (f, c) = (freqs[s] as u32, cum[s]);
+        let (f, c, inv) = sym[data[i] as usize];
         let x = &mut states[i % LANES];
-        if *x >= f << 20 {
-            words.push(*x as u16);
-            *x >>= 16;
-        }
-        let mut q = (*x as f64 * inv[s]) as u32;
-        let mut r = x.wrapping_sub(q.wrapping_mul(f));
-        if (r as i32) < 0 {
-            q -= 1;
-            r = r.wrapping_add(f);
-        } else if r >= f {
-            q += 1;
-            r -= f;
-        }
-        debug_assert!(q == *x / f && r == *x % f);
+        let renorm = (*x >= f << 20) as u32;
+        words[n_words] = *x as u16;
+        n_words += renorm as usize;
+        let xs = *x >> (16 * renorm);
+        let q0 = (xs as f64 * inv) as u32;
+        let r0 = xs.wrapping_sub(q0.wrapping_mul(f)) as i32;
+        let down = (r0 < 0) as u32;
+        let up = (r0 >= f as i32) as u32;
+        let q = q0.wrapping_add(up).wrapping_sub(down);
+        let r = (r0 as u32).wrapping_add(down * f).wrapping_sub(up * f);
+        debug_assert!(q == xs / f && r == xs % f);
         *x = (q << PROB_BITS) + r + c;
     }
+    words.truncate(n_words);
     let mut out = head;
     out.reserve(STATE_BYTES + 2 * words.len());
     for x in states {

@@ -25,32 +25,41 @@ fn rotl1(x: u64, w: usize) -> u64 {
 pub fn split(raw: &[u8], w: usize) -> (Vec<u8>, Vec<u8>) {
     assert!((2..=8).contains(&w) && raw.len().is_multiple_of(w));
     let n = raw.len() / w;
-    let mut top = Vec::with_capacity(n);
-    let mut rest = Vec::with_capacity(n * (w - 1));
+    // Written through zipped iterators, not pushed, so that the two
+    // common widths vectorise.
+    let mut top = vec![0u8; n];
+    let mut rest = vec![0u8; n * (w - 1)];
     if w == 2 {
-        for e in raw.chunks_exact(2) {
-            let r = u16::from_le_bytes([e[0], e[1]]).rotate_left(1);
-            top.push((r >> 8) as u8);
-            rest.push(r as u8);
+        for ((e, t), r) in raw.chunks_exact(2).zip(&mut top).zip(&mut rest) {
+            let x = u16::from_le_bytes([e[0], e[1]]).rotate_left(1);
+            *t = (x >> 8) as u8;
+            *r = x as u8;
         }
         return (top, rest);
     }
     if w == 4 {
-        for e in raw.chunks_exact(4) {
-            let r = u32::from_le_bytes([e[0], e[1], e[2], e[3]])
+        for ((e, t), r) in raw
+            .chunks_exact(4)
+            .zip(&mut top)
+            .zip(rest.chunks_exact_mut(3))
+        {
+            let x = u32::from_le_bytes([e[0], e[1], e[2], e[3]])
                 .rotate_left(1)
                 .to_le_bytes();
-            top.push(r[3]);
-            rest.extend_from_slice(&r[..3]);
+            *t = x[3];
+            r.copy_from_slice(&x[..3]);
         }
         return (top, rest);
     }
+    let (mut top_i, mut rest_i) = (0, 0);
     for e in raw.chunks_exact(w) {
         let mut b = [0u8; 8];
         b[..w].copy_from_slice(e);
         let r = rotl1(u64::from_le_bytes(b), w).to_le_bytes();
-        rest.extend_from_slice(&r[..w - 1]);
-        top.push(r[w - 1]);
+        rest[rest_i..rest_i + w - 1].copy_from_slice(&r[..w - 1]);
+        top[top_i] = r[w - 1];
+        rest_i += w - 1;
+        top_i += 1;
     }
     (top, rest)
 }
