@@ -417,7 +417,10 @@ fn the_systemd_unit_verifies_and_its_commands_notify_and_stop_cleanly() {
         summary.contains(&format!("served {} bytes", raw.len())),
         "{summary}"
     );
-    assert!(summary.contains("1 commits, 0 failed commits"), "{summary}");
+    assert!(
+        summary.contains("1 commits, 0 commit failures"),
+        "{summary}"
+    );
 }
 
 /// /dev/log replaced by a socket of this test while it lives (the one

@@ -295,7 +295,7 @@ impl Snapshot {
             .map(|(n, c)| format!("{n} {c}"))
             .collect();
         format!(
-            "served {} bytes in {} reads, decoded {} blocks ({:.2} s), {} commits, {} failed commits, {} errors{}",
+            "served {} bytes in {} reads, decoded {} blocks ({:.2} s), {} commits, {} commit failures, {} errors{}",
             v("bytes_served"),
             v("reads"),
             v("blocks_decoded"),
@@ -410,7 +410,7 @@ mod tests {
         assert_eq!(
             snap.summary(),
             "served 4196 bytes in 5 reads, decoded 4 blocks (0.00 s), 2 commits, \
-             1 failed commits, 3 errors (ENOENT 2, EIO 1)"
+             1 commit failures, 3 errors (ENOENT 2, EIO 1)"
         );
         assert_eq!(field(&r, "decoded_distinct"), 3);
         assert_eq!(field(&r, "decoded_bytes"), 40);
