@@ -9,9 +9,7 @@
 
 mod common;
 
-use common::{ckptfs, delta_pair, Aligned, Mount, Rng};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use common::{ckptfs, daemon_stats, delta_pair, getxattr, Aligned, Mount, Rng};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -63,22 +61,6 @@ fn fill(store: &Path, src: &Path) -> Vec<u8> {
         &o(&store.join("other.zstn")),
     ]);
     target
-}
-
-fn getxattr(p: &Path, name: &str) -> Option<String> {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: NUL-terminated path and name; `buf` writable for its length.
-    let r = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-        )
-    };
-    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
 }
 
 #[test]
@@ -230,18 +212,6 @@ fn a_missing_base_is_eio_and_the_file_is_still_listed() {
     );
 }
 
-/// The daemon's counters (`user.ckptfs.stats` on the mount's root).
-fn stats(mnt: &Path) -> std::collections::HashMap<String, u64> {
-    let text = getxattr(mnt, "user.ckptfs.stats").expect("user.ckptfs.stats");
-    text.split_whitespace()
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap();
-            // The integer ones (decode_seconds is not).
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Two fine-tunes of one `.zstn` base, read one after the other: the
 /// base's decoded blocks are kept in the mount's block cache under the
 /// base file's identity and version, so the second delta decodes only its
@@ -282,12 +252,12 @@ fn deltas_over_one_base_decode_each_base_block_once() {
     };
     let base_blocks = blocks("s1/model.zstn");
     let (blocks2, blocks4) = (blocks("s2/model.z4dm"), blocks("s4/model.z4dm"));
-    let before = stats(&m.mnt);
+    let before = daemon_stats(&m.mnt);
     assert_eq!(
         std::fs::read(m.path("s2/model.safetensors")).unwrap(),
         targets[0]
     );
-    let first = stats(&m.mnt);
+    let first = daemon_stats(&m.mnt);
     let base_decoded = first["blocks_decoded"] - before["blocks_decoded"] - blocks2;
     assert!(
         base_decoded > 0 && base_decoded <= base_blocks,
@@ -298,7 +268,7 @@ fn deltas_over_one_base_decode_each_base_block_once() {
         std::fs::read(m.path("s4/model.safetensors")).unwrap(),
         targets[1]
     );
-    let second = stats(&m.mnt);
+    let second = daemon_stats(&m.mnt);
     assert_eq!(
         second["blocks_decoded"] - first["blocks_decoded"],
         blocks4,

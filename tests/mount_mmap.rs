@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{getxattr, pack, Mount, Rng};
+use common::{daemon_stats, pack, Mount, Rng};
 use std::io::Write;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -89,17 +89,6 @@ fn write_model(path: &Path) -> Vec<(String, std::ops::Range<u64>)> {
     data_ranges
         .into_iter()
         .map(|(n, r)| (n, r.start + start..r.end + start))
-        .collect()
-}
-
-/// The daemon's counters, by name (the integer ones).
-fn stats(mnt: &Path) -> std::collections::HashMap<String, u64> {
-    let text = getxattr(mnt, "user.ckptfs.stats").expect("user.ckptfs.stats");
-    text.split_whitespace()
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap();
-            Some((k.to_string(), v.parse().ok()?))
-        })
         .collect()
 }
 
@@ -201,7 +190,7 @@ fn an_mmap_load_in_model_order_decodes_every_block_once() {
             }
         }
         assert!(got == want, "torch={torch}: the bytes differ");
-        let s = stats(&m.mnt);
+        let s = daemon_stats(&m.mnt);
         eprintln!("torch={torch}: {stored} blocks stored; {s:?}");
         assert_eq!(
             s["decoded_again"], 0,

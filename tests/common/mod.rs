@@ -219,3 +219,15 @@ pub fn getxattr(p: &Path, name: &str) -> Option<String> {
     };
     (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
 }
+
+/// The daemon's integer counters (`user.ckptfs.stats` on the mount's
+/// root), by name; `decode_seconds`, not an integer, is left out.
+pub fn daemon_stats(mnt: &Path) -> std::collections::HashMap<String, u64> {
+    let text = getxattr(mnt, "user.ckptfs.stats").expect("user.ckptfs.stats");
+    text.split_whitespace()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
