@@ -55,35 +55,26 @@ pub fn apply(a: &mut MountArgs) -> Result<Option<usize>, String> {
                 .clone()
                 .ok_or_else(|| bad("needs a value (NAME=VALUE)"))
         };
-        let flag = |on: &mut bool| match value.as_deref() {
-            None => {
-                *on = true;
-                Ok(())
-            }
-            Some(_) => Err(bad("takes no value")),
+        let no_value = || {
+            value
+                .is_none()
+                .then_some(())
+                .ok_or_else(|| bad("takes no value"))
         };
+        let flag = |on: &mut bool| no_value().map(|()| *on = true);
         match name.as_str() {
             "ro" | "read_only" => flag(&mut a.read_only)?,
             "rw" => {
-                value
-                    .is_none()
-                    .then_some(())
-                    .ok_or_else(|| bad("takes no value"))?;
+                no_value()?;
                 a.read_only = false;
             }
             "allow_other" => flag(&mut a.allow_other)?,
             "nonempty" | "allow_nonempty" => flag(&mut a.allow_nonempty)?,
             "require_checksums" => flag(&mut a.require_checksums)?,
             "foreground" => flag(&mut a.foreground)?,
-            "default_permissions" | "dev" | "suid" | "nodev" | "nosuid" => value
-                .is_none()
-                .then_some(())
-                .ok_or_else(|| bad("takes no value"))?,
+            "default_permissions" | "dev" | "suid" | "nodev" | "nosuid" => no_value()?,
             "noexec" | "exec" | "noatime" | "atime" | "sync" | "async" | "dirsync" => {
-                value
-                    .is_none()
-                    .then_some(())
-                    .ok_or_else(|| bad("takes no value"))?;
+                no_value()?;
                 kernel.push(name);
             }
             "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
