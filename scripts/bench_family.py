@@ -114,7 +114,7 @@ def checkpoint_files(model, k):
 def spool_busy(store):
     d = os.path.join(store, ".ckptfs-spool")
     try:
-        return [n for n in os.listdir(d) if n != "writer.lock"]
+        return [n for n in os.listdir(d) if n not in ("writer.lock", "family.pending")]
     except FileNotFoundError:
         return []
 
@@ -134,7 +134,9 @@ def wait_quiet(store, log, quiet=3.0, limit=900):
     """Until the spool is empty and STORE unchanged for `quiet` s."""
     t0, last, since = time.time(), None, time.time()
     while time.time() - t0 < limit:
-        snap = (tuple(spool_busy(store)), store_bytes(store), log_count(log))
+        pending = os.path.exists(os.path.join(store, ".ckptfs-spool", "family.pending"))
+        snap = (tuple(spool_busy(store)) + (("family.pending",) if pending else ()),
+                store_bytes(store), log_count(log))
         if snap != last or snap[0]:
             last, since = snap, time.time()
         elif time.time() - since > quiet:

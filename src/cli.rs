@@ -347,9 +347,12 @@ pub struct MountArgs {
     /// Beside each model (a directory with config.json, or a .blz), show a read-only NAME.<CAST>.gguf, computed on demand from the store: the bytes `ckptfs export NAME --to gguf --cast CAST` writes.
     #[arg(long, value_enum, value_name = "CAST")]
     pub gguf: Option<ExportCast>,
-    /// `auto`: store each committed `.safetensors` as a delta against the file named by its `user.ckptfs.base` xattr, else the newest file of the same name in a sibling directory, else a file with the same tensors in its directory, when the delta is at least 20% smaller than a standalone archive.
+    /// `auto`: checkpoint families (doc/SEMANTICS.md). A committed `.safetensors` is stored standalone, then, in the background, the older members of its family it is most like (the same name in sibling directories, or their shards) are rewritten as deltas against it, when that is at least 20% smaller; a file with a `user.ckptfs.base` xattr is stored as a delta against the file it names.
     #[arg(long, value_enum, value_name = "MODE")]
     pub delta: Option<DeltaMode>,
+    /// With `--delta auto`: the longest chain of deltas behind a standalone checkpoint (1-4; default 3). Longer saves more disk; every level adds a decode to reading the oldest.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4), requires = "delta")]
+    pub family_depth: Option<u32>,
     /// S3 stores (STORE = s3://BUCKET/PREFIX): the S3 endpoint, for S3-compatible servers (default: AWS_ENDPOINT_URL, else AWS).
     #[arg(long, value_name = "URL")]
     pub endpoint_url: Option<String>,

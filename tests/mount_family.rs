@@ -251,6 +251,20 @@ fn kill_9_during_a_family_rewrite_loses_nothing() {
             "step {i}"
         );
     }
+    // The new daemon removes the shadowed delta (step-0 standalone again)
+    // and settles step-1's family, which the killed one left unsettled.
+    wait_log(&m, "left shadowed by an interrupted rewrite; removed");
+    wait_log(
+        &m,
+        "step-1/model.safetensors: family left to settle by an earlier daemon",
+    );
+    wait_families(&m, 2);
+    assert_eq!(
+        names(&m.store.join("step-0")),
+        vec!["model.z4dm"],
+        "{}",
+        m.log_text()
+    );
     verify_ok(&m.store);
     // The family goes on: step-1 becomes a delta against step-2; the old
     // checkpoint is deleted whole.
@@ -258,7 +272,7 @@ fn kill_9_during_a_family_rewrite_loses_nothing() {
     save(&m, "step-2/model.safetensors", &b);
     want.push(b);
     // The log holds step-0's settling from before the kill too.
-    wait_families(&m, 2);
+    wait_families(&m, 3);
     assert_eq!(
         names(&m.store.join("step-1")),
         vec!["model.z4dm"],
@@ -324,5 +338,101 @@ fn the_predecessor_is_chosen_by_content_not_by_time() {
     assert!(read(&m, "run/c/model.safetensors") == c);
     let o = ckptfs(&["info", m.store.join("run/a/model.z4dm").to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("chain depth 1)"));
+    verify_ok(&m.store);
+}
+
+/// A checkpoint saved sharded between unsharded ones: once the next
+/// unsharded one is committed, both shards and the unsharded one before
+/// them are stored as deltas against it (each shard's tensors are all in
+/// it), and every file reads back exact.
+#[test]
+fn shards_and_the_checkpoint_before_them_become_deltas() {
+    let m = Mount::new(|_| {}, DELTA);
+    let mut run = Run::new(17);
+    let s0 = run.bytes();
+    save(&m, "c-0/model.safetensors", &s0);
+    run.advance();
+    let names4 = ["embed", "l0.w", "l1.w", "head"];
+    let shard = |run: &Run, part: std::ops::Range<usize>| {
+        let t: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = part
+            .map(|i| (names4[i], "BF16", vec![2048, 1024], run.tensors[i].clone()))
+            .collect();
+        safetensors_file(&t, None)
+    };
+    let (a, b) = (shard(&run, 0..2), shard(&run, 2..4));
+    save(&m, "c-1/model-00001-of-00002.safetensors", &a);
+    save(&m, "c-1/model-00002-of-00002.safetensors", &b);
+    wait_families(&m, 3);
+    // Neither shard holds c-0's tensors: c-0 stays standalone for now.
+    assert_eq!(names(&m.store.join("c-0")), vec!["model.zstn"]);
+    run.advance();
+    let s2 = run.bytes();
+    save(&m, "c-2/model.safetensors", &s2);
+    wait_families(&m, 4);
+    assert_eq!(
+        names(&m.store.join("c-1")),
+        vec!["model-00001-of-00002.z4dm", "model-00002-of-00002.z4dm"],
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(
+        names(&m.store.join("c-0")),
+        vec!["model.z4dm"],
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(names(&m.store.join("c-2")), vec!["model.zstn"]);
+    assert_eq!(
+        getxattr(
+            &m.path("c-1/model-00002-of-00002.safetensors"),
+            "user.ckptfs.base"
+        )
+        .as_deref(),
+        Some("../c-2/model.zstn")
+    );
+    assert!(read(&m, "c-0/model.safetensors") == s0);
+    assert!(read(&m, "c-1/model-00001-of-00002.safetensors") == a);
+    assert!(read(&m, "c-1/model-00002-of-00002.safetensors") == b);
+    assert!(read(&m, "c-2/model.safetensors") == s2);
+    verify_ok(&m.store);
+}
+
+/// Families still queued when the daemon is unmounted are settled by the
+/// next daemon, not dropped.
+#[test]
+fn families_queued_at_unmount_are_settled_at_the_next_mount() {
+    let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_DELAY", "settle:4000")]);
+    let mut run = Run::new(19);
+    let mut want = Vec::new();
+    for step in 0..2 {
+        let b = run.bytes();
+        save(&m, &format!("step-{step}/model.safetensors"), &b);
+        want.push(b);
+        run.advance();
+    }
+    // Both committed; the family thread is still waiting before settling
+    // step-0's family when the mount goes away.
+    m.unmount();
+    assert_eq!(names(&m.store.join("step-0")), vec!["model.zstn"]);
+    let pending = std::fs::read(m.store.join(".ckptfs-spool/family.pending")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&pending).contains("step-1/model.safetensors"),
+        "{pending:?}"
+    );
+    m.remount(DELTA);
+    wait_log(&m, "step-1/model.safetensors: family settled");
+    assert_eq!(
+        names(&m.store.join("step-0")),
+        vec!["model.z4dm"],
+        "{}",
+        m.log_text()
+    );
+    assert!(!m.store.join(".ckptfs-spool/family.pending").exists());
+    for (i, w) in want.iter().enumerate() {
+        assert!(
+            read(&m, &format!("step-{i}/model.safetensors")) == *w,
+            "step {i}"
+        );
+    }
     verify_ok(&m.store);
 }

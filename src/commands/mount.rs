@@ -203,6 +203,11 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
         }
         return super::mount_s3::run(a, url, threads);
     }
+    if a.family_depth.is_some() && a.delta.is_none() {
+        return Err(anyhow::anyhow!(
+            "--family-depth (family_depth) needs --delta auto (delta=auto)"
+        ));
+    }
     let store = a
         .store
         .canonicalize()
@@ -347,6 +352,9 @@ pub(super) fn background(
     }
     if a.delta.is_some() {
         cmd.arg("--delta").arg("auto");
+    }
+    if let Some(d) = a.family_depth {
+        cmd.arg("--family-depth").arg(d.to_string());
     }
     if let Some(e) = &a.endpoint_url {
         cmd.arg("--endpoint-url").arg(e);
@@ -624,6 +632,10 @@ pub(super) fn foreground(
     };
     let fs = match a.delta {
         Some(crate::cli::DeltaMode::Auto) => fs.with_delta_auto(),
+        None => fs,
+    };
+    let fs = match a.family_depth {
+        Some(d) => fs.with_family_depth(d),
         None => fs,
     };
     let fs = more_metrics.into_iter().fold(fs, |fs, m| fs.with_metric(m));

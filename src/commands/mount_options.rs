@@ -99,6 +99,14 @@ pub fn apply(a: &mut MountArgs) -> Result<Option<usize>, String> {
             "delta" => {
                 a.delta = Some(DeltaMode::from_str(&need()?, true).map_err(|e| bad(&e))?);
             }
+            "family_depth" => {
+                let d: u32 = need()?
+                    .parse()
+                    .ok()
+                    .filter(|d| (1..=4).contains(d))
+                    .ok_or_else(|| bad("not a depth from 1 to 4"))?;
+                a.family_depth = Some(d);
+            }
             "compat" => a.compat = CompatArg::from_str(&need()?, true).map_err(|e| bad(&e))?,
             "metadata_ttl" => a.metadata_ttl = seconds(&need()?).map_err(|e| bad(&e))?,
             "request_timeout" => a.request_timeout = seconds(&need()?).map_err(|e| bad(&e))?,
@@ -173,7 +181,7 @@ mod tests {
         let mut a = args(&[
             "ro,allow_other,nonempty,require_checksums,cache_size=4G,disk_cache_size=20G",
             "log-level=debug,log_file=/var/log/ck.log,cache_dir=/var/cache/ck,endpoint_url=http://h:9000",
-            "gguf=q8_0,delta=auto,compat=z4ai,metadata_ttl=5,request_timeout=2.5,read_timeout=9",
+            "gguf=q8_0,delta=auto,family_depth=4,compat=z4ai,metadata_ttl=5,request_timeout=2.5,read_timeout=9",
             "metrics_addr=127.0.0.1:9100,threads=3,foreground",
         ]);
         let threads = apply(&mut a).unwrap();
@@ -194,6 +202,7 @@ mod tests {
         assert_eq!(a.endpoint_url.as_deref(), Some("http://h:9000"));
         assert!(matches!(a.gguf, Some(ExportCast::Q8_0)));
         assert!(matches!(a.delta, Some(DeltaMode::Auto)));
+        assert_eq!(a.family_depth, Some(4));
         assert_eq!(a.compat, CompatArg::Z4ai);
         assert_eq!((a.metadata_ttl, a.request_timeout), (5.0, 2.5));
         assert_eq!(a.read_timeout, Some(9.0));
@@ -238,6 +247,10 @@ mod tests {
             ("ro=1", "-o ro=1: takes no value"),
             ("noexec=1", "-o noexec=1: takes no value"),
             ("delta=sometimes", "-o delta=sometimes: invalid variant"),
+            (
+                "family_depth=9",
+                "-o family_depth=9: not a depth from 1 to 4",
+            ),
             ("threads=0", "-o threads=0: not a positive number"),
             (
                 "metrics_addr=0.0.0.0",

@@ -263,6 +263,13 @@ impl CheckpointFs {
         self
     }
 
+    /// `mount --family-depth`: a family's chains are at most `depth`
+    /// deltas deep (`write::family`).
+    pub fn with_family_depth(mut self, depth: u32) -> CheckpointFs {
+        self.family.set_depth(depth);
+        self
+    }
+
     pub fn store(&self) -> &Path {
         self.store.path()
     }

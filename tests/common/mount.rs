@@ -15,12 +15,13 @@ fn mounted(mnt: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
-/// The entries of `store`'s spool but the daemon's writer lock, sorted.
+/// The entries of `store`'s spool but the daemon's writer lock and its
+/// list of families to settle (no staged data), sorted.
 pub fn spool_entries(store: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(store.join(".ckptfs-spool"))
         .map(|d| {
             d.map(|e| e.unwrap().file_name().into_string().unwrap())
-                .filter(|n| n != "writer.lock")
+                .filter(|n| n != "writer.lock" && n != "family.pending")
                 .collect()
         })
         .unwrap_or_default();

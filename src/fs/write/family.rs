@@ -3,21 +3,29 @@
 //! older ones as *reverse* deltas against their successor.
 //!
 //! A family is what [`CheckpointFs::family_candidates`] finds for a
-//! committed `X.safetensors`: files of the same name in sibling
-//! directories (`checkpoint-12/model.safetensors` for
-//! `checkpoint-13/model.safetensors`) and files in the same directory with
-//! the same tensors. A commit stores the new file standalone (as without
-//! `--delta`, so it reaches STORE as fast) and queues it here. The family
-//! thread ([`CheckpointFs::family_loop`]) then picks, among the family's
-//! standalone members whose tensors the new file covers, the one most
-//! like it by content (a sample of the bytes of up to [`SAMPLES`] shared
-//! tensors, not by modification time), and rewrites that predecessor `P`
-//! as a delta against the new file, unless the chain under `P` would then
-//! be deeper than [`FAMILY_DEPTH`]: then `P` stays standalone, a keyframe.
+//! committed `X.safetensors`: the file of the same name in each sibling
+//! directory (`checkpoint-12/model.safetensors` for
+//! `checkpoint-13/model.safetensors`), or every `.safetensors` of a
+//! sibling without one (a checkpoint saved sharded), and a file in the
+//! same directory with the same tensors. A commit stores the new file
+//! standalone (as without `--delta`, so it reaches STORE as fast) and
+//! queues it here. The family thread ([`CheckpointFs::family_loop`])
+//! then takes the family's standalone members whose tensors the new file
+//! covers, most alike by content first (a sample of the bytes of up to
+//! [`SAMPLES`] shared tensors, not modification time), and rewrites each
+//! such predecessor `P` as a delta against the new file, unless the chain
+//! under `P` would then be deeper than the family depth
+//! ([`FAMILY_DEPTH`], `mount --family-depth`): then `P` stays standalone,
+//! a keyframe; or unless the delta is not at least 20% smaller than `P`:
+//! then `P` stays standalone and is not tried again until it changes.
+//! Members much less alike than the most alike one are not tried
+//! ([`WORTH_TRYING`]). So a checkpoint saved sharded between unsharded
+//! ones, and a keyframe whose chain retention has shortened, become
+//! deltas too.
 //!
-//! So the newest reads with one decode, every older one within
-//! `FAMILY_DEPTH` levels, and the oldest (what retention deletes) is a
-//! leaf: removing it rewrites nothing.
+//! So the newest reads with one decode, every older one within the
+//! family depth, and the oldest (what retention deletes) is a leaf:
+//! removing it rewrites nothing.
 //!
 //! The rewrite is packed with no lock held (spool temporaries, fsynced),
 //! then installed under `ns`: `P.z4dm` renamed in beside `P.zstn` (which
@@ -32,7 +40,7 @@
 //! Must not be called under `ns`; takes it only to install.
 
 use super::delta_commit::Writer;
-use super::relations::{base_path_for, test_pause, Relation, TempPath};
+use super::relations::{base_path_for, test_delay, test_pause, Relation, TempPath};
 use crate::archive::{self, ArchiveView};
 use crate::format::delta::{Trailer, MAX_CHAIN};
 use crate::format::digest::xxh3_64;
@@ -41,21 +49,23 @@ use crate::fs::archive_slot::version_of;
 use crate::fs::namespace;
 use crate::fs::{CheckpointFs, FsError, Result};
 use crate::pack::delta::{pack_delta, DeltaBase};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
 use std::fs::{File, Metadata};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The deepest a family's chain is made: a standalone keyframe and at
-/// most this many deltas behind it (so a read decodes at most this + 1
-/// frames per block). Chosen by `scripts/bench-family.sh`; overridden by
-/// `CKPTFS_FAMILY_DEPTH` (1..=4) for measurements.
-pub(in crate::fs) const FAMILY_DEPTH: u32 = 3;
+/// The deepest a family's chain is made by default: a standalone
+/// keyframe and at most this many deltas behind it (so a read decodes at
+/// most this + 1 frames per block). `mount --family-depth` sets another
+/// (1..=[`MAX_CHAIN`]). Chosen by `scripts/bench-family.sh`.
+pub const FAMILY_DEPTH: u32 = 3;
 
 /// Shared tensors sampled to compare two checkpoints.
 const SAMPLES: usize = 16;
@@ -66,29 +76,46 @@ const SAMPLE_BYTES: u64 = 64 << 10;
 /// alike: the most recently modified wins.
 const TIE: f64 = 0.002;
 
-fn family_depth() -> u32 {
-    std::env::var("CKPTFS_FAMILY_DEPTH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|d| (1..=MAX_CHAIN).contains(d))
-        .unwrap_or(FAMILY_DEPTH)
+/// Candidates less alike than this fraction of the most alike one are
+/// not tried: a delta against so different a file would not be kept.
+const WORTH_TRYING: f64 = 0.5;
+/// Files looked at in one sibling directory that has no file of the
+/// target's name (the shards of a checkpoint saved sharded).
+const MAX_SHARDS: usize = 64;
+
+/// Committed files waiting for their family to be settled, and how.
+pub(in crate::fs) struct FamilyQueue {
+    /// Oldest first; a file leaves when its family is settled. Kept in
+    /// the spool as [`PENDING`] too, so that what an unmount or a crash
+    /// interrupts is settled at the next mount.
+    pending: Mutex<Vec<PathBuf>>,
+    wake: Condvar,
+    stop: AtomicBool,
+    /// The deepest chain made ([`FAMILY_DEPTH`] unless the mount says).
+    depth: u32,
+    /// Files found not worth storing as a delta (the delta was too
+    /// large), as they were then: not tried again until they change.
+    kept: Mutex<HashMap<PathBuf, Stamp>>,
 }
 
-/// Committed files waiting for their family to be settled.
-pub(in crate::fs) struct FamilyQueue {
-    send: Sender<PathBuf>,
-    recv: Receiver<PathBuf>,
-    stop: AtomicBool,
-}
+/// The spool file listing [`FamilyQueue::pending`]: STORE paths, each
+/// followed by a NUL.
+const PENDING: &str = "family.pending";
 
 impl FamilyQueue {
     pub(in crate::fs) fn new() -> Self {
-        let (send, recv) = crossbeam_channel::unbounded();
         FamilyQueue {
-            send,
-            recv,
+            pending: Mutex::new(Vec::new()),
+            wake: Condvar::new(),
             stop: AtomicBool::new(false),
+            depth: FAMILY_DEPTH,
+            kept: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Chains at most `depth` deltas deep (1..=[`MAX_CHAIN`]).
+    pub(in crate::fs) fn set_depth(&mut self, depth: u32) {
+        self.depth = depth.clamp(1, MAX_CHAIN);
     }
 }
 
@@ -106,9 +133,6 @@ type Stamp = ((u64, u64), (u64, i64, i64, i64, i64));
 fn stamp(m: &Metadata) -> Stamp {
     ((m.dev(), m.ino()), version_of(m))
 }
-
-/// A predecessor considered: (similarity, mtime, path, stamp, archive).
-type Candidate = (f64, (i64, i64), PathBuf, Stamp, Arc<dyn ArchiveView>);
 
 /// A file rewritten in the spool, waiting to be renamed over `to`.
 pub(super) struct Prepared {
@@ -187,56 +211,201 @@ impl CheckpointFs {
     /// standalone under `--delta auto`: settles its family in the
     /// background.
     pub(super) fn queue_family(&self, target: &Path) {
-        let _ = self.family.send.send(target.to_path_buf());
+        let mut q = self.family.pending.lock();
+        if !q.iter().any(|p| p == target) {
+            q.push(target.to_path_buf());
+            self.save_pending(&q);
+        }
+        self.family.wake.notify_one();
     }
 
-    /// The family thread: settles queued families until
+    /// The family thread: first what an earlier daemon left (files still
+    /// to settle, shadowed deltas), then queued families, until
     /// [`Self::stop_family`].
     pub fn family_loop(&self) {
+        if self.read_only || !self.delta_auto {
+            return;
+        }
+        self.load_pending();
+        self.drop_shadowed_deltas();
         while !self.family.stop.load(Ordering::Relaxed) {
-            match self.family.recv.recv_timeout(Duration::from_millis(200)) {
-                Ok(t) => self.settle_family(&t),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+            if !self.settle_next() {
+                let mut q = self.family.pending.lock();
+                if q.is_empty() && !self.family.stop.load(Ordering::Relaxed) {
+                    self.family
+                        .wake
+                        .wait_for(&mut q, Duration::from_millis(200));
+                }
             }
         }
     }
 
     /// Makes the family thread return after its current rewrite. What is
-    /// queued is dropped: every file is already exact in STORE, only not
-    /// yet as small as it could be.
+    /// still queued stays listed in the spool: settled at the next mount
+    /// (every file is already exact in STORE, only not yet as small as it
+    /// could be).
     pub fn stop_family(&self) {
         self.family.stop.store(true, Ordering::Relaxed);
+        self.family.wake.notify_all();
     }
 
     /// Settles every queued family now, on this thread (tests).
     pub fn run_family(&self) {
-        while let Ok(t) = self.family.recv.try_recv() {
-            self.settle_family(&t);
+        while self.settle_next() {}
+    }
+
+    /// Settles the oldest queued family; false if none was queued.
+    fn settle_next(&self) -> bool {
+        let Some(t) = self.family.pending.lock().first().cloned() else {
+            return false;
+        };
+        if self.settle_family(&t) {
+            let mut q = self.family.pending.lock();
+            if let Some(i) = q.iter().position(|p| *p == t) {
+                q.remove(i);
+                self.save_pending(&q);
+            }
+        }
+        true
+    }
+
+    /// Writes the queue to the spool (replaced atomically). Losing it
+    /// loses only disk space, so it is not fsynced.
+    fn save_pending(&self, q: &[PathBuf]) {
+        let Ok(spool) = self.spool() else { return };
+        let path = spool.dir().join(PENDING);
+        let r = if q.is_empty() {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        } else {
+            let tmp = spool.dir().join(format!("{PENDING}.tmp"));
+            let mut raw = Vec::new();
+            for p in q {
+                raw.extend_from_slice(p.as_os_str().as_bytes());
+                raw.push(0);
+            }
+            std::fs::write(&tmp, raw).and_then(|()| std::fs::rename(&tmp, &path))
+        };
+        if let Err(e) = r {
+            log::warn!("{}: not saved: {e}", path.display());
         }
     }
 
-    fn settle_family(&self, target: &Path) {
+    /// Queues what an earlier daemon listed in the spool.
+    fn load_pending(&self) {
+        let Ok(spool) = self.spool() else { return };
+        let Ok(raw) = std::fs::read(spool.dir().join(PENDING)) else {
+            return;
+        };
+        let mut q = self.family.pending.lock();
+        for p in raw.split(|&b| b == 0).filter(|p| !p.is_empty()) {
+            let p = PathBuf::from(OsStr::from_bytes(p));
+            // Only paths inside STORE, as they were written.
+            let inside = p
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if inside && !q.contains(&p) {
+                log::info!(
+                    "{}: family left to settle by an earlier daemon",
+                    p.display()
+                );
+                q.push(p);
+            }
+        }
+    }
+
+    /// A `kill -9` during a rewrite can leave a delta `P.z4dm` beside the
+    /// standalone `P.zstn` that shadows it and presents the same bytes
+    /// (this module's and `release_base`'s rewrites both make one beside
+    /// the other before removing it). Each such delta is removed, the
+    /// deltas under it re-pointed at `P.zstn` first (`make_standalone`),
+    /// so `P` is standalone as before the interrupted rewrite; its
+    /// family's next commit tries again.
+    fn drop_shadowed_deltas(&self) {
+        let mut stack = vec![PathBuf::new()];
+        let mut found = Vec::new();
+        while let Some(d) = stack.pop() {
+            let Ok(rd) = self.store.read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                if d.as_os_str().is_empty() && name == crate::fs::spool::SPOOL_DIR {
+                    continue;
+                }
+                let Ok(ft) = e.file_type() else { continue };
+                if ft.is_dir() {
+                    stack.push(d.join(&name));
+                    continue;
+                }
+                let Some(shown) = namespace::presented_name(&name) else {
+                    continue;
+                };
+                if ft.is_file()
+                    && namespace::is_staging_name(&shown)
+                    && name == namespace::delta_name_for(&shown)
+                    && self
+                        .store
+                        .lstat(&d.join(namespace::zstn_name_for(&shown)))
+                        .is_ok_and(|m| m.is_file())
+                {
+                    found.push(d.join(&name));
+                }
+            }
+        }
+        for delta in found {
+            if self.family.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let _held = self.hold_commits(&delta);
+            let _g = self.ns.lock();
+            let rels = self.relations();
+            match self.make_standalone(&rels, &delta) {
+                Ok(()) => log::info!(
+                    "{}: left shadowed by an interrupted rewrite; removed",
+                    delta.display()
+                ),
+                Err(e) => log::warn!("{}: shadowed delta left as it is: {e}", delta.display()),
+            }
+        }
+    }
+
+    /// Settles `target`'s family; false if the daemon is stopping before
+    /// it is done.
+    fn settle_family(&self, target: &Path) -> bool {
+        test_delay("settle");
         let t0 = std::time::Instant::now();
-        match self.demote_predecessor(target) {
-            Ok(Some(what)) => log::info!(
-                "{}: family: {what} in {:.2} s",
-                target.display(),
-                t0.elapsed().as_secs_f64()
-            ),
-            Ok(None) => {}
+        match self.demote_predecessors(target) {
+            Ok(done) => {
+                for what in done {
+                    log::info!(
+                        "{}: family: {what} ({:.2} s since settling began)",
+                        target.display(),
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+            }
             Err(e) => log::warn!(
                 "{}: family: predecessor not rewritten (every file stays exact): {e}",
                 target.display()
             ),
         }
+        if self.family.stop.load(Ordering::Relaxed) {
+            return false;
+        }
         // Tests wait for this line.
         log::info!("{}: family settled", target.display());
+        true
     }
 
     /// Committed `.safetensors` backings of `target`'s family but its own:
-    /// the same name in sibling directories, and the same tensors in the
-    /// same directory.
+    /// in each sibling directory, the file of the same name, or, in one
+    /// without it, every `.safetensors` there (the shards of a checkpoint
+    /// saved sharded, or one saved unsharded before shards); and the same
+    /// tensors in the same directory. Which of them `target` covers is
+    /// the caller's to check.
     pub(super) fn family_candidates(&self, target: &Path, header: &Header) -> Vec<PathBuf> {
         let mut out = Vec::new();
         let Some(name) = target.file_name() else {
@@ -254,8 +423,10 @@ impl CheckpointFs {
                     {
                         continue;
                     }
-                    if let Some(b) = self.committed_backing(&up.join(&s).join(name)) {
-                        out.push(b);
+                    let sib = up.join(&s);
+                    match self.committed_backing(&sib.join(name)) {
+                        Some(b) => out.push(b),
+                        None => out.extend(self.safetensors_in(&sib)),
                     }
                 }
             }
@@ -266,29 +437,85 @@ impl CheckpointFs {
         out
     }
 
-    /// See the module doc. Returns what was done, if anything.
-    fn demote_predecessor(&self, target: &Path) -> Result<Option<String>> {
+    /// The committed backings of the `.safetensors` in STORE directory
+    /// `dir`, at most [`MAX_SHARDS`].
+    fn safetensors_in(&self, dir: &Path) -> Vec<PathBuf> {
+        let Ok(rd) = self.store.read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut shown: Vec<_> = rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| namespace::presented_name(&e.file_name()))
+            .filter(|n| namespace::is_staging_name(n))
+            .collect();
+        shown.sort();
+        shown.dedup();
+        shown
+            .iter()
+            .take(MAX_SHARDS)
+            .filter_map(|n| self.committed_backing(&dir.join(n)))
+            .collect()
+    }
+
+    /// See the module doc: stores the standalone members of `target`'s
+    /// family that it covers, most alike first, as deltas against it.
+    /// Returns what was done.
+    fn demote_predecessors(&self, target: &Path) -> Result<Vec<String>> {
         let Some(x) = self.committed_backing(target) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let mut xf = self.store.open_file(&x, libc::O_RDONLY, 0)?;
         if is_delta_file(&mut xf) {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let x_stamp = stamp(&xf.metadata()?);
         drop(xf);
         let Some(xh) = self.presented_header_at(&x) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let xa = self.open_store_archive(&x)?;
+        let mut found = self.predecessors(target, &x, &xh, &*xa);
+        drop(xa);
+        // Most alike first; near-ties to the most recently modified.
+        let key = |c: &(f64, (i64, i64), PathBuf, Stamp)| ((c.0 / TIE).floor() as i64, c.1);
+        found.sort_by_key(|c| std::cmp::Reverse(key(c)));
+        let best = found.first().map_or(0.0, |c| c.0);
+        let mut done = Vec::new();
+        for (score, _, p, p_stamp) in found {
+            if score < best * WORTH_TRYING {
+                break;
+            }
+            if self.family.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Some(what) = self.demote_one(target, (&x, x_stamp), (&p, p_stamp), score)? {
+                done.push(what);
+            }
+        }
+        Ok(done)
+    }
+
+    /// The standalone members of `target`'s family (backing `x`, header
+    /// `xh`) whose tensors `x` holds nearly all of, that their owner may
+    /// store against `x`, and that were not found not worth it before:
+    /// (similarity, mtime, path, stamp).
+    fn predecessors(
+        &self,
+        target: &Path,
+        x: &Path,
+        xh: &(Header, u64),
+        xa: &dyn ArchiveView,
+    ) -> Vec<(f64, (i64, i64), PathBuf, Stamp)> {
         let want: HashMap<&str, (&str, &[u64])> =
             xh.0.tensors
                 .iter()
                 .map(|t| (t.name.as_str(), (t.dtype.as_str(), t.shape.as_slice())))
                 .collect();
-        let mut best: Option<Candidate> = None;
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
         for p in self.family_candidates(target, &xh.0) {
-            if p == x {
+            if p == x || !seen.insert(p.clone()) {
                 continue;
             }
             let Ok(mut pf) = self.store.open_file(&p, libc::O_RDONLY, 0) else {
@@ -298,9 +525,12 @@ impl CheckpointFs {
             if is_delta_file(&mut pf) {
                 continue;
             }
+            if self.family.kept.lock().get(&p) == Some(&stamp(&pm)) {
+                continue;
+            }
             // P comes to depend on X: X must be a base P's owner may have.
             let refused = match Writer::of_staged(&pm) {
-                Ok(w) => self.base_refused(&w, &x),
+                Ok(w) => self.base_refused(&w, x),
                 Err(e) => Some(e.to_string()),
             };
             if let Some(why) = refused {
@@ -326,21 +556,29 @@ impl CheckpointFs {
             let Ok(pa) = self.open_store_archive(&p) else {
                 continue;
             };
-            let score = similarity(&*pa, &ph, &*xa, &xh);
-            let t = (pm.mtime(), pm.mtime_nsec());
-            let better = best
-                .as_ref()
-                .is_none_or(|b| score > b.0 + TIE || ((score - b.0).abs() <= TIE && t > b.1));
-            if better {
-                best = Some((score, t, p, stamp(&pm), pa));
-            }
+            let score = similarity(&*pa, &ph, xa, xh);
+            out.push((score, (pm.mtime(), pm.mtime_nsec()), p, stamp(&pm)));
         }
-        let Some((score, _, p, p_stamp, pa)) = best else {
-            return Ok(None);
-        };
+        out
+    }
+
+    /// Stores standalone `p` (as it was at `p_stamp`) as a delta against
+    /// `x` (at `x_stamp`), the file committed at `target`, unless its
+    /// chain would be too deep or the delta too large. Returns what was
+    /// done.
+    fn demote_one(
+        &self,
+        target: &Path,
+        (x, x_stamp): (&Path, Stamp),
+        (p, p_stamp): (&Path, Stamp),
+        score: f64,
+    ) -> Result<Option<String>> {
+        let (x, p) = (x.to_path_buf(), p.to_path_buf());
+        let pa = self.open_store_archive(&p)?;
+        let xa = self.open_store_archive(&x)?;
         let rels = self.relations();
         let height = chain_height(&rels, &p);
-        let limit = family_depth();
+        let limit = self.family.depth;
         if 1 + height > limit {
             return Ok(Some(format!(
                 "{} kept standalone as a keyframe ({height} deltas depend on it in a chain; at most {limit})",
@@ -377,6 +615,12 @@ impl CheckpointFs {
         drop((pb, xb));
         let s = stats.expect("packed");
         if s.stored_bytes.saturating_mul(5) > p_stored.saturating_mul(4) {
+            let mut kept = self.family.kept.lock();
+            if kept.len() >= 4096 {
+                kept.clear();
+            }
+            kept.insert(p.clone(), p_stamp);
+            drop(kept);
             return Ok(Some(format!(
                 "{} kept standalone: a delta against {} would be {} bytes, it is {p_stored}",
                 p.display(),

@@ -140,7 +140,9 @@ pub(in crate::fs) fn test_pause(point: &str) {
 /// `open-staged` (an open of a staged file, between its look at the inode's
 /// kind and its choice of io mode), to let a commit run in that window;
 /// `archive-parse` (before an archive version not seen yet is opened and
-/// parsed), to let the file be replaced or removed in that window.
+/// parsed), to let the file be replaced or removed in that window;
+/// `settle` (before the family thread settles a committed file's family),
+/// to unmount or kill the daemon with families queued.
 pub(in crate::fs) fn test_delay(point: &str) {
     let Some(v) = std::env::var_os("CKPTFS_TEST_DELAY") else {
         return;
@@ -325,7 +327,7 @@ impl CheckpointFs {
 
     /// Rewrites delta `d` as a standalone `.zstn` next to it (see the
     /// module doc); `rels` are the store's relations.
-    fn make_standalone(&self, rels: &[Relation], d: &Path) -> Result<()> {
+    pub(super) fn make_standalone(&self, rels: &[Relation], d: &Path) -> Result<()> {
         let like = self.store.lstat(d)?;
         let a = self.open_store_archive(d)?;
         if a.files() != 1 || !a.file_path(0).is_empty() {
