@@ -53,17 +53,30 @@ pub trait TensorSource: Sync {
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
 }
 
-impl TensorSource for [u8] {
+fn read_slice(s: &[u8], offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    let s = usize::try_from(offset)
+        .ok()
+        .and_then(|o| s.get(o..o.checked_add(buf.len())?))
+        .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+    buf.copy_from_slice(s);
+    Ok(())
+}
+
+impl TensorSource for &[u8] {
     fn len(&self) -> u64 {
         <[u8]>::len(self) as u64
     }
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let s = usize::try_from(offset)
-            .ok()
-            .and_then(|o| self.get(o..o.checked_add(buf.len())?))
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        buf.copy_from_slice(s);
-        Ok(())
+        read_slice(self, offset, buf)
+    }
+}
+
+impl TensorSource for Vec<u8> {
+    fn len(&self) -> u64 {
+        <[u8]>::len(self) as u64
+    }
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        read_slice(self, offset, buf)
     }
 }
 
@@ -142,7 +155,10 @@ fn decode(frame: &[u8], len: u64, what: &str) -> Result<Vec<u8>, PackError> {
     if f.decoded_len() != len {
         return Err(bad(
             what,
-            format!("frame decodes to {} bytes, the span is {len}", f.decoded_len()),
+            format!(
+                "frame decodes to {} bytes, the span is {len}",
+                f.decoded_len()
+            ),
         ));
     }
     let mut out = vec![0u8; len as usize];
@@ -250,8 +266,11 @@ pub fn compose(
         ));
     }
     let header = Header::parse(a.z4dm.header_json, a.z4dm.data_len)?;
-    let entries: HashMap<&str, &TensorEntry> =
-        header.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let entries: HashMap<&str, &TensorEntry> = header
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
     let b_by_name: HashMap<&str, usize> = b
         .records
         .iter()
@@ -297,11 +316,21 @@ pub fn compose(
             }
             (RecordKind::Copy, RecordKind::Delta) => {
                 let (len, digest, inner) = split_z4dl(br, "middle delta")?;
-                Ok(reuse(DeltaKind::Delta, inner, Some((len, digest)), unit_of(bu)))
+                Ok(reuse(
+                    DeltaKind::Delta,
+                    inner,
+                    Some((len, digest)),
+                    unit_of(bu),
+                ))
             }
             (RecordKind::Delta, RecordKind::Copy) => {
                 let (len, digest, inner) = split_z4dl(r, "upper delta")?;
-                Ok(reuse(DeltaKind::Delta, inner, Some((len, digest)), unit_of(au)))
+                Ok(reuse(
+                    DeltaKind::Delta,
+                    inner,
+                    Some((len, digest)),
+                    unit_of(au),
+                ))
             }
             (RecordKind::Delta, RecordKind::Delta) => {
                 let (alen, _, ainner) = split_z4dl(r, "upper delta")?;
@@ -323,9 +352,12 @@ pub fn compose(
                     ckx::unit_digests_from(&frame, access.as_ref(), &bounds, eb, &data)
                 } else {
                     base_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let cb = c
-                        .matching(t)?
-                        .ok_or_else(|| bad(&what, "no tensor of that name, dtype and length in the base"))?;
+                    let cb = c.matching(t)?.ok_or_else(|| {
+                        bad(
+                            &what,
+                            "no tensor of that name, dtype and length in the base",
+                        )
+                    })?;
                     crate::codec::xor_delta::xor_into(&mut x, &cb);
                     xor_digests(&frame, &x)?
                 };

@@ -129,7 +129,7 @@ fn check(
             .collect()
     };
     let mut out = Vec::new();
-    let stats = compose(&ad, &bd, c, "C.safetensors", &mut out, opts).unwrap();
+    let stats = compose(&ad, &bd, &c, "C.safetensors", &mut out, opts).unwrap();
     assert_eq!(stats.stored_bytes, out.len() as u64);
     let p = dir.join("AC.z4dm");
     std::fs::write(&p, &out).unwrap();
@@ -222,7 +222,10 @@ fn every_kind_pair_composes_exactly() {
     ] {
         assert!(kinds.contains(&pair), "{pair:?} not met: {kinds:?}");
     }
-    assert!(stats.reused >= 3 && stats.xored >= 2 && stats.recoded >= 1, "{stats:?}");
+    assert!(
+        stats.reused >= 3 && stats.xored >= 2 && stats.recoded >= 1,
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -263,16 +266,31 @@ fn refuses_a_mismatched_middle() {
         .unwrap();
         v
     };
-    // A packed against C, composed as if over B: lengths differ.
-    let ad = pack(&a, &c);
-    let bd = pack(&b, &c[..]);
+    // A packed against another file than B: its recorded base length
+    // is not B's.
     let other = file(&[("w", "BF16", g.weights(2048))]);
-    let od = pack(&other, &c);
-    let e = compose(&od, &bd, &c[..], "C", &mut Vec::new(), PackOptions::default());
-    assert!(e.is_err());
-    let e = compose(&ad[..10], &bd, &c[..], "C", &mut Vec::new(), PackOptions::default());
+    let ad = pack(&a, &other);
+    let bd = pack(&b, &c);
+    let e = compose(&ad, &bd, &c, "C", &mut Vec::new(), PackOptions::default());
+    assert!(e.unwrap_err().to_string().contains("its base is"));
+    let e = compose(
+        &ad[..10],
+        &bd,
+        &c,
+        "C",
+        &mut Vec::new(),
+        PackOptions::default(),
+    );
     assert!(e.unwrap_err().to_string().contains("upper delta"));
-    assert!(compose(&ad, b"Z4DM", &c[..], "C", &mut Vec::new(), PackOptions::default()).is_err());
+    assert!(compose(
+        &ad,
+        b"Z4DM",
+        &c,
+        "C",
+        &mut Vec::new(),
+        PackOptions::default()
+    )
+    .is_err());
 }
 
 proptest::proptest! {
@@ -284,7 +302,7 @@ proptest::proptest! {
         let mut g = Rng(seed | 1);
         let sizes = [64usize, 4096, 70 << 10, 1 << 20, (1 << 20) + 4098];
         let mut cur: Vec<(String, Vec<u8>)> = (0..n)
-            .map(|i| (format!("t{i}"), g.weights(sizes[g.below(5) as usize])))
+            .map(|i| (format!("t{i}"), { let k = g.below(5) as usize; g.weights(sizes[k]) }))
             .collect();
         let mut files = vec![file(&cur.iter().map(|(n, b)| (n.as_str(), "BF16", b.clone())).collect::<Vec<_>>())];
         for _ in 0..2 {
@@ -292,14 +310,16 @@ proptest::proptest! {
             for (name, b) in &cur {
                 match g.below(7) {
                     0 | 1 => next.push((name.clone(), b.clone())),
-                    2 | 3 => next.push((name.clone(), g.step(b, 1 + g.below(1000)))),
+                    2 | 3 => next.push((name.clone(), { let e = 1 + g.below(1000); g.step(b, e) })),
                     4 => next.push((name.clone(), g.weights(b.len()))),
-                    5 => next.push((name.clone(), g.weights(sizes[g.below(5) as usize]))),
+                    5 => next.push((name.clone(), { let k = g.below(5) as usize; g.weights(sizes[k]) })),
                     _ => {}
                 }
             }
             if g.below(2) == 0 || next.is_empty() {
-                next.push((format!("n{}", g.next() % 1000), g.weights(sizes[g.below(5) as usize])));
+                let nm = format!("n{}", g.below(1000));
+                let k = g.below(5) as usize;
+                next.push((nm, g.weights(sizes[k])));
             }
             next.sort_by(|x, y| x.0.cmp(&y.0));
             next.dedup_by(|x, y| x.0 == y.0);
