@@ -199,6 +199,8 @@ impl CheckpointFs {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
+            // Bases released by deletes (`relations`).
+            self.release_pending();
         }
     }
 
@@ -214,6 +216,7 @@ impl CheckpointFs {
         while let Ok(t) = self.family.recv.try_recv() {
             self.settle_family(&t);
         }
+        self.release_pending();
     }
 
     fn settle_family(&self, target: &Path) {
@@ -511,7 +514,7 @@ impl CheckpointFs {
 }
 
 /// Every delta under STORE file `p`, directly or through others.
-fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
+pub(super) fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     let mut stack = vec![p.to_path_buf()];
     while let Some(n) = stack.pop() {
