@@ -49,6 +49,9 @@ use std::sync::OnceLock;
 pub trait TensorSource: Sync {
     /// Length of the whole presented file.
     fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Fills `buf` from `offset`.
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
 }
@@ -191,14 +194,17 @@ fn unit_of(u: &UnitEntry) -> UnitDigests {
     }
 }
 
-/// `C`'s safetensors header and where its data starts, read once.
+/// `C`'s tensors by name and where its data starts.
+type Tensors = (HashMap<String, TensorEntry>, u64);
+
+/// `C`'s safetensors header, read once.
 struct BaseHeader<'s> {
     source: &'s dyn TensorSource,
-    header: OnceLock<Result<(HashMap<String, TensorEntry>, u64), String>>,
+    header: OnceLock<Result<Tensors, String>>,
 }
 
 impl BaseHeader<'_> {
-    fn get(&self) -> Result<&(HashMap<String, TensorEntry>, u64), PackError> {
+    fn get(&self) -> Result<&Tensors, PackError> {
         self.header
             .get_or_init(|| {
                 let len = self.source.len();

@@ -478,7 +478,7 @@ impl CheckpointFs {
                     s.recoded,
                     s.stored_bytes
                 );
-                (tmp, d.to_path_buf(), fp, rt.depth, what)
+                (Some(tmp), d.to_path_buf(), fp, rt.depth, what)
             }
             Err(_) => {
                 let a = self.open_store_archive(d)?;
@@ -497,20 +497,34 @@ impl CheckpointFs {
                     _ => Some(unsafe { memmap2::Mmap::map(&file) }?),
                 };
                 let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-                let tmp = TempPath(self.spool_tmp(|w| {
-                    crate::pack::pack(bytes, w, Default::default(), &|_| {})
-                        .map(|_| ())
-                        .map_err(io::Error::other)
-                })?);
-                drop(map);
                 let name = d.file_name().ok_or(FsError::NotFound)?;
                 let presented =
                     namespace::presented_name(name).ok_or_else(|| bad(d, "not an archive"))?;
                 let new_rel = parent(d).join(namespace::archive_name_for(&presented));
-                let fp = archive::open(&tmp.0)
-                    .ok()
-                    .and_then(|a| a.fingerprint())
-                    .unwrap_or(0);
+                // A crash may have left the standalone copy in place
+                // (it shadows the delta): kept if it presents the same.
+                let tmp = if new_rel != d && self.store.lstat(&new_rel).is_ok() {
+                    if !self.presents(&new_rel, bytes) {
+                        return Err(bad(
+                            d,
+                            format!("cannot be made standalone, {} exists", new_rel.display()),
+                        ));
+                    }
+                    None
+                } else {
+                    Some(TempPath(self.spool_tmp(|w| {
+                        crate::pack::pack(bytes, w, Default::default(), &|_| {})
+                            .map(|_| ())
+                            .map_err(io::Error::other)
+                    })?))
+                };
+                drop(map);
+                let fp = match &tmp {
+                    Some(t) => archive::open(&t.0).ok(),
+                    None => self.open_store_archive(&new_rel).ok(),
+                }
+                .and_then(|a| a.fingerprint())
+                .unwrap_or(0);
                 (
                     tmp,
                     new_rel,
@@ -520,7 +534,9 @@ impl CheckpointFs {
                 )
             }
         };
-        self.prepare(&tmp.0, &like)?;
+        if let Some(t) = &tmp {
+            self.prepare(&t.0, &like)?;
+        }
         let todo = self.plan_subtree(rels, d, &new_rel, fp, depth)?;
         let _g = self.ns.lock();
         let now_under: HashSet<PathBuf> = super::family::subtree(&self.relations(), d)
@@ -528,14 +544,16 @@ impl CheckpointFs {
             .collect();
         if stamp(d) != d_was
             || stamp(r) != r_was
-            || (new_rel != d && self.store.lstat(&new_rel).is_ok())
+            || (tmp.is_some() && new_rel != d && self.store.lstat(&new_rel).is_ok())
             || now_under != under.iter().map(|u| u.0.clone()).collect()
             || under.iter().any(|(p, s)| stamp(p) != *s)
         {
             return Err(bad(d, "it, its base or a delta under it changed meanwhile"));
         }
-        self.store.rename_in(&tmp.0, &new_rel)?;
-        self.store.sync_dir(parent(&new_rel))?;
+        if let Some(t) = &tmp {
+            self.store.rename_in(&t.0, &new_rel)?;
+            self.store.sync_dir(parent(&new_rel))?;
+        }
         test_pause("release");
         for t in &todo {
             self.store.rename_in(&t.tmp.0, &t.to)?;
@@ -630,6 +648,19 @@ impl CheckpointFs {
         let path = self.store.path().join(rel);
         let bases = StoreBases { store: &self.store };
         archive::from_file_with(&file, &path, &bases).map_err(|e| bad(&path, e))
+    }
+
+    /// Whether STORE archive `rel` presents exactly `bytes`.
+    fn presents(&self, rel: &Path, bytes: &[u8]) -> bool {
+        let Ok(a) = self.open_store_archive(rel) else {
+            return false;
+        };
+        if a.files() != 1 || a.logical_len(0) != bytes.len() as u64 {
+            return false;
+        }
+        // Compared as it decodes, block by block, without a second copy.
+        let mut same = SameAs(bytes);
+        archive::write_to(&*a, 0, &mut same, &|_| {}).is_ok() && same.0.is_empty()
     }
 
     /// Rewrites the trailer of delta `d` to record base path `base_path`
@@ -822,6 +853,25 @@ impl CheckpointFs {
         } else {
             let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+/// A `Write` that accepts only the bytes of its slice, in order: what is
+/// left of the slice is what has not been written yet.
+struct SameAs<'a>(&'a [u8]);
+
+impl Write for SameAs<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.0.strip_prefix(buf) {
+            Some(rest) => {
+                self.0 = rest;
+                Ok(buf.len())
+            }
+            None => Err(io::Error::other("content differs")),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
