@@ -325,6 +325,15 @@ fn chain(m: &Mount, seed: u64) -> Vec<Vec<u8>> {
     want
 }
 
+/// Waits until `what` is in the daemon's log `n` times.
+fn wait_count(m: &Mount, what: &str, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while m.log_text().matches(what).count() < n {
+        assert!(std::time::Instant::now() < deadline, "{}", m.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 fn read(m: &Mount, rel: &str) -> Vec<u8> {
     std::fs::read(m.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}: {}", m.log_text()))
 }
@@ -353,10 +362,12 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
         Some("../step-0/renamed.zstn")
     );
     verify_ok(&m.store);
-    // Overwriting the root base (O_TRUNC, then commit): step-1b is made
-    // standalone, step-2 now depends on that.
+    // Overwriting the root base (O_TRUNC, then commit): the old one is
+    // released; in the background step-1b is made standalone, step-2 now
+    // depends on that.
     let fresh = Run::new(99).bytes();
     save(&m, "step-0/renamed.safetensors", &fresh);
+    wait_count(&m, "released base removed", 1);
     assert_eq!(names(&m.store.join("step-1b")), vec!["model.zstn"]);
     assert_eq!(
         getxattr(&m.path("step-2/model.safetensors"), "user.ckptfs.base").as_deref(),
@@ -372,6 +383,7 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
     verify_ok(&m.store);
     // Unlinking a base.
     std::fs::remove_file(m.path("step-1b/model.safetensors")).unwrap();
+    wait_count(&m, "released base removed", 2);
     assert_eq!(names(&m.store.join("step-2")), vec!["model.zstn"]);
     assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
     verify_ok(&m.store);
@@ -429,26 +441,22 @@ fn kill_9_during_a_delta_commit_loses_nothing() {
 
 #[test]
 fn kill_9_while_a_dependent_is_rewritten_loses_nothing() {
-    let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "standalone")]);
+    let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "release")]);
     let want = chain(&m, 41);
-    let victim = m.path("step-0/model.safetensors");
-    // The unlink blocks in the paused daemon; it fails once it is killed.
-    let rm = std::thread::spawn(move || std::fs::remove_file(victim));
-    wait_log(&m, "test hook: paused at standalone");
+    // The unlink returns at once: step-0 is released to the spool; the
+    // background pauses with step-1's standalone copy installed next to
+    // its delta.
+    std::fs::remove_file(m.path("step-0/model.safetensors")).unwrap();
+    wait_log(&m, "test hook: paused at release");
     m.kill9();
-    let _ = rm.join();
-    // step-1's standalone copy is in place next to its delta.
     assert_eq!(
         names(&m.store.join("step-1")),
         vec!["model.z4dm", "model.zstn"]
     );
     m.remount(DELTA);
-    for (i, w) in want.iter().enumerate() {
-        assert_eq!(read(&m, &format!("step-{i}/model.safetensors")), *w);
-    }
-    verify_ok(&m.store);
-    std::fs::remove_file(m.path("step-0/model.safetensors")).unwrap();
+    wait_count(&m, "released base removed", 1);
     assert_eq!(names(&m.store.join("step-1")), vec!["model.zstn"]);
+    assert!(!m.path("step-0/model.safetensors").exists());
     assert_eq!(read(&m, "step-1/model.safetensors"), want[1]);
     assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
     verify_ok(&m.store);

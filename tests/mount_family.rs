@@ -198,7 +198,7 @@ fn retention_deletes_leaves_and_readers_racing_the_rewriter_read_exact() {
         slowest.as_secs_f64()
     );
     assert!(
-        !m.log_text().contains("rewritten standalone"),
+        !m.log_text().contains("rebased off released"),
         "{}",
         m.log_text()
     );

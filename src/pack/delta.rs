@@ -56,15 +56,15 @@ pub struct DeltaStats {
 }
 
 /// One encoded record, ready to write.
-struct Encoded {
-    kind: DeltaKind,
-    frame: Vec<u8>,
+pub(super) struct Encoded {
+    pub(super) kind: DeltaKind,
+    pub(super) frame: Vec<u8>,
     /// DELTA: the base tensor's length (its digest is added when written).
-    reference: Option<u64>,
-    unit: UnitDigests,
+    pub(super) reference: Option<u64>,
+    pub(super) unit: UnitDigests,
 }
 
-fn copy_unit(raw: &[u8]) -> UnitDigests {
+pub(super) fn copy_unit(raw: &[u8]) -> UnitDigests {
     let n = raw.len() as u64;
     let mut blocks = Vec::new();
     let mut pos = 0u64;
@@ -87,7 +87,7 @@ fn copy_unit(raw: &[u8]) -> UnitDigests {
     }
 }
 
-fn encode(
+pub(super) fn encode(
     t: &TensorEntry,
     raw: &[u8],
     base: Option<&[u8]>,

@@ -27,6 +27,7 @@
 pub mod blazex;
 pub mod blz;
 pub mod blzdiff;
+pub mod compose;
 pub mod delta;
 pub mod seal;
 pub mod tensor;

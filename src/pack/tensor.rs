@@ -36,7 +36,7 @@ use crate::codec::transform::{self, BFLOAT16};
 use crate::codec::zstd::Params;
 use crate::format::ckx;
 use crate::format::frame::{
-    block_grid, render_z4ai, render_zsp1, Frame, PlaneOut, Transform, BLOCK_BYTES,
+    block_grid, render_z4ai, render_zsp1, ElementAccess, Frame, PlaneOut, Transform, BLOCK_BYTES,
 };
 use crate::format::safetensors::{self, Dtype};
 use rayon::prelude::*;
@@ -800,23 +800,44 @@ fn zstd_blocks_or_stored(data: &[u8], block: usize) -> PlaneOut {
 /// from the frame's bitmap and values (`codec::sparse`). Every block's
 /// payload is the whole frame, so its meta digest is that of one block.
 pub(super) fn xor_digests(frame_bytes: &[u8], raw: &[u8]) -> Result<ckx::UnitDigests, PackError> {
-    let sparse = match Frame::parse(frame_bytes) {
-        Ok(Frame::Sparse(f)) if raw.len() as u64 > BLOCK_BYTES => f,
-        _ => return digests(frame_bytes, raw),
-    };
-    if Frame::Sparse(sparse.clone()).decoded_len() != raw.len() as u64 {
-        return Err(PackError::Internal("own frame has the wrong length".into()));
-    }
-    let group = 8 * sparse.width as u64;
-    let body = sparse.count * sparse.width as u64;
-    let step = (BLOCK_BYTES / group).max(1) * group;
-    let mut bounds: Vec<u64> = (0..body).step_by(step as usize).collect();
-    bounds.push(raw.len() as u64);
+    let f = Frame::parse(frame_bytes)
+        .map_err(|e| PackError::Internal(format!("own frame does not parse: {e}")))?;
+    let (bounds, eb, access) = xor_grid(&f, raw.len() as u64)?;
     let blocks: Vec<&[u8]> = bounds
         .windows(2)
         .map(|w| &raw[w[0] as usize..w[1] as usize])
         .collect();
-    Ok(ckx::unit_digests(frame_bytes, None, &bounds, 0, &blocks))
+    Ok(ckx::unit_digests(
+        frame_bytes,
+        access.as_ref(),
+        &bounds,
+        eb,
+        &blocks,
+    ))
+}
+
+/// The block grid [`xor_digests`] lists for an XOR frame decoding to
+/// `len` bytes: (block bounds, element bytes, element access), as
+/// `format::frame::block_grid` gives them, except that a `ZSP1` sparse
+/// frame above one block is listed in slices of about [`BLOCK_BYTES`].
+pub(super) fn xor_grid<'a>(
+    f: &Frame<'a>,
+    len: u64,
+) -> Result<(Vec<u64>, u64, Option<ElementAccess<'a>>), PackError> {
+    if f.decoded_len() != len {
+        return Err(PackError::Internal("own frame has the wrong length".into()));
+    }
+    if let Frame::Sparse(sparse) = f {
+        if len > BLOCK_BYTES {
+            let group = 8 * sparse.width as u64;
+            let body = sparse.count * sparse.width as u64;
+            let step = (BLOCK_BYTES / group).max(1) * group;
+            let mut bounds: Vec<u64> = (0..body).step_by(step as usize).collect();
+            bounds.push(len);
+            return Ok((bounds, 0, None));
+        }
+    }
+    block_grid(f, len).map_err(|e| PackError::Internal(e.to_string()))
 }
 
 /// The digests of one frame, computed exactly as the reader will.

@@ -237,6 +237,8 @@ impl CheckpointFs {
                         .wait_for(&mut q, Duration::from_millis(200));
                 }
             }
+            // Bases released by deletes (`relations`).
+            self.release_pending();
         }
     }
 
@@ -291,6 +293,7 @@ impl CheckpointFs {
         if let Err(e) = r {
             log::warn!("{}: not saved: {e}", path.display());
         }
+        self.release_pending();
     }
 
     /// Queues what an earlier daemon listed in the spool.
@@ -755,7 +758,7 @@ impl CheckpointFs {
 }
 
 /// Every delta under STORE file `p`, directly or through others.
-fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
+pub(super) fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     let mut stack = vec![p.to_path_buf()];
     while let Some(n) = stack.pop() {

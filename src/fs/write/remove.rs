@@ -2,8 +2,9 @@
 //!
 //! Unlinking a file removes the staged copy, the archives that present it
 //! (`X.zstn`, `N.zsame`) and a plain file of that name. A directory holding staged
-//! files is not empty. A removed file that deltas depend on has them
-//! rewritten standalone first (`relations`).
+//! files is not empty. A removed file that deltas depend on is released
+//! instead (moved to the spool, its dependents rebased in the background;
+//! `relations`).
 
 use crate::fs::inode::NodeKind;
 use crate::fs::namespace;
@@ -24,7 +25,11 @@ impl CheckpointFs {
             }
             NodeKind::Plain => {
                 self.release_if_base(&rel.join(&backing))?;
-                self.unlink_backing(&rel.join(&backing))?;
+                // Gone already if it was released (moved to the spool).
+                match self.unlink_backing(&rel.join(&backing)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(FsError::Io(e)),
+                    _ => {}
+                }
             }
             NodeKind::Archive | NodeKind::Staged { .. } => {
                 self.clear_name(&rel, name, None, None)?;
