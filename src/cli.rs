@@ -72,6 +72,8 @@ pub enum Command {
     /// Run a command (a backup of STORE) while the mount's daemon commits
     /// nothing to STORE: `ckptfs hold STORE -- rsync ...`.
     Hold(HoldArgs),
+    /// Convert an unmounted store to the layout of `mount --delta auto`: in each family of checkpoints the newest standalone, older ones reverse deltas against their successor, a standalone keyframe every 4 (forward deltas made standalone first).
+    Repack(RepackArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -415,4 +417,13 @@ pub struct HoldArgs {
     /// code is ckptfs's.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RepackArgs {
+    /// The store (the STORE of `ckptfs mount STORE MNT`); refused while a writable mount serves it.
+    pub store: PathBuf,
+    /// Print the families and the steps, change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
 }

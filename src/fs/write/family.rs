@@ -66,7 +66,7 @@ const SAMPLE_BYTES: u64 = 64 << 10;
 /// alike: the most recently modified wins.
 const TIE: f64 = 0.002;
 
-fn family_depth() -> u32 {
+pub(super) fn family_depth() -> u32 {
     std::env::var("CKPTFS_FAMILY_DEPTH")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -105,6 +105,31 @@ type Stamp = ((u64, u64), (u64, i64, i64, i64, i64));
 
 fn stamp(m: &Metadata) -> Stamp {
     ((m.dev(), m.ino()), version_of(m))
+}
+
+/// A family member's place in its family's order: (modification time,
+/// presented path).
+pub(super) type OrderKey = ((i64, i64), PathBuf);
+
+/// Where committed backing `rel` (metadata `m`) stands in its family's
+/// order: modification time, then the presented path (the same before
+/// and after a rewrite, which keeps the time).
+pub(super) fn order_key(rel: &Path, m: &Metadata) -> OrderKey {
+    let shown = rel
+        .file_name()
+        .and_then(namespace::presented_name)
+        .map_or_else(|| rel.to_path_buf(), |n| parent(rel).join(n));
+    ((m.mtime(), m.mtime_nsec()), shown)
+}
+
+/// Which family members may be a target's predecessor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Predecessors {
+    /// Any (the daemon: the target is the newest).
+    Any,
+    /// Only those not after the target in [`order_key`]'s order (`ckptfs
+    /// repack`, which replays a family's commits in that order).
+    NotNewer,
 }
 
 /// A predecessor considered: (similarity, mtime, path, stamp, archive).
@@ -218,7 +243,7 @@ impl CheckpointFs {
 
     fn settle_family(&self, target: &Path) {
         let t0 = std::time::Instant::now();
-        match self.demote_predecessor(target) {
+        match self.demote_predecessor(target, Predecessors::Any) {
             Ok(Some(what)) => log::info!(
                 "{}: family: {what} in {:.2} s",
                 target.display(),
@@ -267,7 +292,11 @@ impl CheckpointFs {
     }
 
     /// See the module doc. Returns what was done, if anything.
-    fn demote_predecessor(&self, target: &Path) -> Result<Option<String>> {
+    pub(super) fn demote_predecessor(
+        &self,
+        target: &Path,
+        which: Predecessors,
+    ) -> Result<Option<String>> {
         let Some(x) = self.committed_backing(target) else {
             return Ok(None);
         };
@@ -275,7 +304,8 @@ impl CheckpointFs {
         if is_delta_file(&mut xf) {
             return Ok(None);
         }
-        let x_stamp = stamp(&xf.metadata()?);
+        let xm = xf.metadata()?;
+        let (x_stamp, x_key) = (stamp(&xm), order_key(&x, &xm));
         drop(xf);
         let Some(xh) = self.presented_header_at(&x) else {
             return Ok(None);
@@ -295,7 +325,9 @@ impl CheckpointFs {
                 continue;
             };
             let Ok(pm) = pf.metadata() else { continue };
-            if is_delta_file(&mut pf) {
+            if is_delta_file(&mut pf)
+                || (which == Predecessors::NotNewer && order_key(&p, &pm) > x_key)
+            {
                 continue;
             }
             // P comes to depend on X: X must be a base P's owner may have.
@@ -526,7 +558,7 @@ fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
 }
 
 /// The longest chain of deltas under STORE file `p` (0: none).
-fn chain_height(rels: &[Relation], p: &Path) -> u32 {
+pub(super) fn chain_height(rels: &[Relation], p: &Path) -> u32 {
     fn h(rels: &[Relation], p: &Path, left: u32) -> u32 {
         if left == 0 {
             return 0;
