@@ -424,3 +424,28 @@ fn kill_9_while_a_forward_delta_is_made_standalone_then_rerun_is_exact() {
     repack_and_check(&store, &want);
     assert_second_repack_does_nothing(&store);
 }
+
+/// The order is the modification time's, not the names': checkpoints
+/// saved in the reverse order of their names are settled newest (by
+/// time) standalone, each older one against its successor in time, and
+/// never against a newer checkpoint than its successor.
+#[test]
+fn families_are_ordered_by_modification_time_not_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let want = fill(&store, 3, 17, false);
+    for k in 0..3 {
+        set_mtime(&backing(&store, k), 2 - k as u64);
+    }
+    let out = run_ok(&["repack", s(&store)]);
+    assert_eq!(
+        layout(&store, 3),
+        vec![vec!["model.zstn"], vec!["model.z4dm"], vec!["model.z4dm"]],
+        "{out}"
+    );
+    assert_eq!(
+        family_lines(&verify_ok(&store)),
+        vec!["FAMILY step-0/model.zstn <- step-1/model.z4dm <- step-2/model.z4dm"]
+    );
+    assert_exact(&store, &want);
+}
