@@ -449,3 +449,31 @@ fn families_are_ordered_by_modification_time_not_by_name() {
     );
     assert_exact(&store, &want);
 }
+
+/// Files a mount staged and did not commit (a daemon killed before its
+/// write-back) would be replaced after the repack by the next mount:
+/// repack refuses, one line, and changes nothing.
+#[test]
+fn a_store_with_staged_files_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    fill(&store, 2, 23, false);
+    let spool = store.join(".ckptfs-spool");
+    std::fs::create_dir(&spool).unwrap();
+    std::fs::write(
+        spool.join("0000000000000001.path"),
+        "step-1/model.safetensors",
+    )
+    .unwrap();
+    std::fs::write(spool.join("0000000000000001.data"), b"new bytes").unwrap();
+    let before = stamps(&store);
+    let o = ckptfs(&["repack", s(&store)]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("1 file written through a mount and not committed yet"),
+        "{err}"
+    );
+    assert_eq!(stamps(&store), before);
+}
