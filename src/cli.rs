@@ -72,6 +72,8 @@ pub enum Command {
     /// Run a command (a backup of STORE) while the mount's daemon commits
     /// nothing to STORE: `ckptfs hold STORE -- rsync ...`.
     Hold(HoldArgs),
+    /// Convert an unmounted store to the layout of `mount --delta auto`: in each family of checkpoints the newest standalone, older ones reverse deltas against their successor, a standalone keyframe every 4 (forward deltas made standalone first).
+    Repack(RepackArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -418,4 +420,16 @@ pub struct HoldArgs {
     /// code is ckptfs's.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RepackArgs {
+    /// The store (the STORE of `ckptfs mount STORE MNT`); refused while a writable mount serves it.
+    pub store: PathBuf,
+    /// Print the families and the steps, change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// The longest chain of deltas behind a standalone checkpoint (1-4; default 3), as `mount --family-depth`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub family_depth: Option<u32>,
 }

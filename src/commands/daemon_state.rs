@@ -8,7 +8,9 @@
 //!   pid. The kernel drops a flock when its holder dies, so the lock of a
 //!   killed daemon is taken over by the next mount, which then recovers the
 //!   spool (the file's pid is only a message, never trusted). Read-only
-//!   mounts never touch the spool and take no lock.
+//!   mounts never touch the spool and take no lock. `ckptfs repack` holds
+//!   it too, while it rewrites the store (the pid followed by `repack`), so
+//!   neither runs beside the other.
 //! - the *outcome file* (`$XDG_STATE_HOME/ckptfs/mount-NAME.outcome`, beside
 //!   the daemon's log): written by a daemon that exits with files not
 //!   uploaded (an `s3://` store), its pid on the first line and one line
@@ -35,9 +37,27 @@ pub struct WriterLock {
     _file: File,
 }
 
+/// Who takes the writer lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taker {
+    Mount,
+    Repack,
+}
+
 impl WriterLock {
-    /// Takes the writer lock of `store`, or says which daemon holds it.
+    /// Takes the writer lock of `store` for a writable mount, or says
+    /// which process holds it.
     pub fn acquire(store: &Path) -> anyhow::Result<WriterLock> {
+        Self::take(store, Taker::Mount)
+    }
+
+    /// Takes the writer lock of `store` for `ckptfs repack`, or says which
+    /// process holds it.
+    pub fn acquire_for_repack(store: &Path) -> anyhow::Result<WriterLock> {
+        Self::take(store, Taker::Repack)
+    }
+
+    fn take(store: &Path, me: Taker) -> anyhow::Result<WriterLock> {
         let dir = store.join(crate::fs::spool::SPOOL_DIR);
         // The spool is private (0700), as `Spool::open` makes it; taken
         // first, the lock is what creates it.
@@ -60,17 +80,35 @@ impl WriterLock {
             }
             let mut text = String::new();
             let _ = file.read_to_string(&mut text);
-            let holder = match text.trim().parse::<u32>() {
-                Ok(pid) => format!("pid {pid}"),
-                Err(_) => "another process".to_string(),
+            let mut words = text.split_whitespace();
+            let holder = match words.next().map(str::parse::<u32>) {
+                Some(Ok(pid)) => format!("pid {pid}"),
+                _ => "another process".to_string(),
             };
-            anyhow::bail!(
-                "{}: the store is in use by a writable ckptfs daemon ({holder}); \
-                 unmount it first (`ckptfs umount` waits for it), or mount with --read-only",
-                store.display()
-            );
+            let store = store.display();
+            match (words.next() == Some("repack"), me) {
+                (true, Taker::Mount) => anyhow::bail!(
+                    "{store}: `ckptfs repack` ({holder}) is rewriting the store; \
+                     mount it when that is done, or mount with --read-only"
+                ),
+                (true, Taker::Repack) => anyhow::bail!(
+                    "{store}: another `ckptfs repack` ({holder}) is rewriting the store"
+                ),
+                (false, Taker::Mount) => anyhow::bail!(
+                    "{store}: the store is in use by a writable ckptfs daemon ({holder}); \
+                     unmount it first (`ckptfs umount` waits for it), or mount with --read-only"
+                ),
+                (false, Taker::Repack) => anyhow::bail!(
+                    "{store}: mounted by a writable ckptfs daemon ({holder}); \
+                     repack rewrites an unmounted store only: unmount it first \
+                     (`ckptfs umount` waits for it)"
+                ),
+            }
         }
-        let mine = format!("{}\n", std::process::id());
+        let mine = match me {
+            Taker::Mount => format!("{}\n", std::process::id()),
+            Taker::Repack => format!("{} repack\n", std::process::id()),
+        };
         file.set_len(0)
             .and_then(|_| file.rewind())
             .and_then(|_| file.write_all(mine.as_bytes()))

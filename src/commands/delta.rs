@@ -229,22 +229,8 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
         .collect();
     let fs = StoreFs { root: root.clone() };
     let mut failed = 0;
-    // (delta, base), store-relative, for the family layout.
-    let mut edges: Vec<(String, String)> = Vec::new();
     for p in &deltas {
         let shown = p.strip_prefix(&root).unwrap_or(p).display().to_string();
-        if let Ok(Some(t)) = std::fs::read(p)
-            .map_err(|e| e.to_string())
-            .and_then(|b| crate::format::delta::Trailer::find(&b))
-        {
-            let base = p.parent().unwrap_or(&root).join(&t.base_path);
-            if let Ok(b) = std::fs::canonicalize(base) {
-                edges.push((
-                    shown.clone(),
-                    b.strip_prefix(&root).unwrap_or(&b).display().to_string(),
-                ));
-            }
-        }
         let r = (|| -> Result<String> {
             let f = std::fs::File::open(p).with_context(|| shown.clone())?;
             let a = archive::from_file_with(&f, p, &fs)?;
@@ -266,14 +252,41 @@ pub fn verify_store(store: &Path) -> Result<(usize, usize)> {
             }
         }
     }
-    print_families(&edges);
+    for line in family_lines(&root)? {
+        println!("{line}");
+    }
     Ok((deltas.len(), failed))
+}
+
+/// The `FAMILY` lines of the store `root` (canonical), from the trailer of
+/// every `.z4dm` in it (`verify STORE` and `repack` print them).
+pub fn family_lines(root: &Path) -> Result<Vec<String>> {
+    // (delta, base), store-relative.
+    let mut edges: Vec<(String, String)> = Vec::new();
+    for p in store_archives(root)?
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".z4dm"))
+    {
+        if let Ok(Some(t)) = std::fs::read(&p)
+            .map_err(|e| e.to_string())
+            .and_then(|b| crate::format::delta::Trailer::find(&b))
+        {
+            let base = p.parent().unwrap_or(root).join(&t.base_path);
+            if let Ok(b) = std::fs::canonicalize(base) {
+                edges.push((
+                    p.strip_prefix(root).unwrap_or(&p).display().to_string(),
+                    b.strip_prefix(root).unwrap_or(&b).display().to_string(),
+                ));
+            }
+        }
+    }
+    Ok(render_families(&edges))
 }
 
 /// One line per family: its standalone root, then the deltas against it,
 /// each followed by those against it (`A <- B <- C`: B is a delta against
 /// A, C against B; `[X | Y]` where two deltas share a base).
-fn print_families(edges: &[(String, String)]) {
+fn render_families(edges: &[(String, String)]) -> Vec<String> {
     use std::collections::{BTreeMap, BTreeSet};
     let mut kids: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     let deltas: BTreeSet<&str> = edges.iter().map(|e| e.0.as_str()).collect();
@@ -294,9 +307,10 @@ fn print_families(edges: &[(String, String)]) {
             ),
         }
     }
-    for root in kids.keys().filter(|b| !deltas.contains(*b)) {
-        println!("FAMILY {}", render(root, &kids, 16));
-    }
+    kids.keys()
+        .filter(|b| !deltas.contains(*b))
+        .map(|root| format!("FAMILY {}", render(root, &kids, 16)))
+        .collect()
 }
 
 /// Every regular file under the store `root` (canonical) whose name the

@@ -15,6 +15,7 @@ mod mount_options;
 mod mount_s3;
 mod pack;
 mod patch;
+mod repack;
 mod s3;
 mod seal;
 mod stats;
@@ -111,6 +112,7 @@ fn run_command(g: Global, cli: Cli) -> Result<ExitCode> {
         Command::Umount(a) => mount::umount(g, a),
         Command::Stats(a) => stats::run(g, a),
         Command::Hold(a) => hold::run(g, a),
+        Command::Repack(a) => repack::run(g, a),
     }
 }
 

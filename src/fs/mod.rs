@@ -90,6 +90,7 @@ pub use read::{Piece, ReadData};
 pub use types::{
     Attr, Caller, DirectoryReplier, Entry, FileKind, Opened, SetAttr, SetTime, StatFs,
 };
+pub use write::repack;
 pub use xattr::{XATTR_CHECKSUMS, XATTR_ERROR, XATTR_FORMAT, XATTR_RATIO, XATTR_STORED_SIZE};
 
 use crate::archive::ArchiveError;

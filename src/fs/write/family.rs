@@ -134,6 +134,31 @@ fn stamp(m: &Metadata) -> Stamp {
     ((m.dev(), m.ino()), version_of(m))
 }
 
+/// A family member's place in its family's order: (modification time,
+/// presented path).
+pub(super) type OrderKey = ((i64, i64), PathBuf);
+
+/// Where committed backing `rel` (metadata `m`) stands in its family's
+/// order: modification time, then the presented path (the same before
+/// and after a rewrite, which keeps the time).
+pub(super) fn order_key(rel: &Path, m: &Metadata) -> OrderKey {
+    let shown = rel
+        .file_name()
+        .and_then(namespace::presented_name)
+        .map_or_else(|| rel.to_path_buf(), |n| parent(rel).join(n));
+    ((m.mtime(), m.mtime_nsec()), shown)
+}
+
+/// Which family members may be a target's predecessor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Predecessors {
+    /// Any (the daemon: the target is the newest).
+    Any,
+    /// Only those not after the target in [`order_key`]'s order (`ckptfs
+    /// repack`, which replays a family's commits in that order).
+    NotNewer,
+}
+
 /// A file rewritten in the spool, waiting to be renamed over `to`.
 pub(super) struct Prepared {
     pub tmp: TempPath,
@@ -375,12 +400,17 @@ impl CheckpointFs {
         }
     }
 
+    /// The deepest chain a family is given.
+    pub(super) fn family_depth(&self) -> u32 {
+        self.family.depth
+    }
+
     /// Settles `target`'s family; false if the daemon is stopping before
     /// it is done.
     fn settle_family(&self, target: &Path) -> bool {
         test_delay("settle");
         let t0 = std::time::Instant::now();
-        match self.demote_predecessors(target) {
+        match self.demote_predecessors(target, Predecessors::Any) {
             Ok(done) => {
                 for what in done {
                     log::info!(
@@ -462,9 +492,13 @@ impl CheckpointFs {
     }
 
     /// See the module doc: stores the standalone members of `target`'s
-    /// family that it covers, most alike first, as deltas against it.
-    /// Returns what was done.
-    fn demote_predecessors(&self, target: &Path) -> Result<Vec<String>> {
+    /// family that it covers (`which` of them), most alike first, as
+    /// deltas against it. Returns what was done.
+    pub(super) fn demote_predecessors(
+        &self,
+        target: &Path,
+        which: Predecessors,
+    ) -> Result<Vec<String>> {
         let Some(x) = self.committed_backing(target) else {
             return Ok(Vec::new());
         };
@@ -472,13 +506,14 @@ impl CheckpointFs {
         if is_delta_file(&mut xf) {
             return Ok(Vec::new());
         }
-        let x_stamp = stamp(&xf.metadata()?);
+        let xm = xf.metadata()?;
+        let (x_stamp, x_key) = (stamp(&xm), order_key(&x, &xm));
         drop(xf);
         let Some(xh) = self.presented_header_at(&x) else {
             return Ok(Vec::new());
         };
         let xa = self.open_store_archive(&x)?;
-        let mut found = self.predecessors(target, &x, &xh, &*xa);
+        let mut found = self.predecessors(target, (&x, which, x_key), &xh, &*xa);
         drop(xa);
         // Most alike first; near-ties to the most recently modified.
         let key = |c: &(f64, (i64, i64), PathBuf, Stamp)| ((c.0 / TIE).floor() as i64, c.1);
@@ -506,7 +541,7 @@ impl CheckpointFs {
     fn predecessors(
         &self,
         target: &Path,
-        x: &Path,
+        (x, which, x_key): (&Path, Predecessors, OrderKey),
         xh: &(Header, u64),
         xa: &dyn ArchiveView,
     ) -> Vec<(f64, (i64, i64), PathBuf, Stamp)> {
@@ -525,7 +560,9 @@ impl CheckpointFs {
                 continue;
             };
             let Ok(pm) = pf.metadata() else { continue };
-            if is_delta_file(&mut pf) {
+            if is_delta_file(&mut pf)
+                || (which == Predecessors::NotNewer && order_key(&p, &pm) > x_key)
+            {
                 continue;
             }
             if self.family.kept.lock().get(&p) == Some(&stamp(&pm)) {
@@ -773,7 +810,7 @@ pub(super) fn subtree(rels: &[Relation], p: &Path) -> Vec<PathBuf> {
 }
 
 /// The longest chain of deltas under STORE file `p` (0: none).
-fn chain_height(rels: &[Relation], p: &Path) -> u32 {
+pub(super) fn chain_height(rels: &[Relation], p: &Path) -> u32 {
     fn h(rels: &[Relation], p: &Path, left: u32) -> u32 {
         if left == 0 {
             return 0;

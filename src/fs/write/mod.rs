@@ -17,6 +17,8 @@
 //!   then rewrites its predecessor as a delta against it ([`family`]).
 //! - Deltas in STORE keep their bases: what removes, replaces or moves a
 //!   base first rewrites its dependents ([`relations`]).
+//! - `ckptfs repack` replays a store's commits through the family policy,
+//!   offline ([`repack`]).
 //!
 //! Each call has its file: [`open`] (open for writing, `write`, `fsync`,
 //! `fallocate`), [`create`] (`create`, `mknod`, `mkdir`, `symlink`,
@@ -41,6 +43,7 @@ mod queue;
 mod relations;
 mod remove;
 mod rename;
+pub mod repack;
 mod setattr;
 mod stage;
 mod writers;

@@ -161,13 +161,24 @@ fn bad(path: &Path, e: impl std::fmt::Display) -> FsError {
 static TMP: AtomicU64 = AtomicU64::new(0);
 
 /// Test hook: with `CKPTFS_TEST_PAUSE=POINT` in its environment, the
-/// daemon logs and stops for good at POINT (a test then kills it with
-/// SIGKILL there): `standalone` (a dependent's `.zstn` installed, its
+/// daemon (or `ckptfs repack`) logs and stops for good at POINT (a test
+/// then kills it with SIGKILL there): `standalone` (a dependent's `.zstn` installed, its
 /// `.z4dm` not yet removed), `rename` (a rename done, trailers not yet
 /// rewritten), `delta-commit` (a delta committed, the staged copy and the
-/// old version not yet removed).
+/// old version not yet removed), `family` (a predecessor's `.z4dm`
+/// installed, its `.zstn` not yet removed). `POINT@N` stops at the Nth
+/// pass instead of the first.
 pub(in crate::fs) fn test_pause(point: &str) {
-    if std::env::var_os("CKPTFS_TEST_PAUSE").is_some_and(|v| v == point) {
+    static PASSED: AtomicU64 = AtomicU64::new(0);
+    let Some(v) = std::env::var_os("CKPTFS_TEST_PAUSE") else {
+        return;
+    };
+    let v = v.to_string_lossy();
+    let (at, nth) = match v.split_once('@') {
+        Some((at, n)) => (at, n.parse::<u64>().unwrap_or(1)),
+        None => (&*v, 1),
+    };
+    if at == point && PASSED.fetch_add(1, Ordering::Relaxed) + 1 >= nth {
         log::warn!("test hook: paused at {point}");
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
