@@ -64,7 +64,7 @@ pub enum Command {
     /// Apply a BLAZE-X .blzdiff patch (file format 1 or 2) to BASE, writing the TARGET .blz; every tensor is checked against the patch's xxh3 before anything is written.
     Apply(ApplyArgs),
     /// Mount a store: .zstn archives appear as .safetensors files, .blz archives as directories; writable unless --read-only.
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
     /// Unmount a ckptfs mount.
     Umount(UmountArgs),
     /// Print a mount's counters: bytes served, blocks decoded, cache, commits, errors, S3 traffic.

@@ -108,7 +108,7 @@ fn run_command(g: Global, cli: Cli) -> Result<ExitCode> {
         Command::Export(a) => export::run(g, a),
         Command::Diff(a) => patch::diff(g, a),
         Command::Apply(a) => patch::apply(g, a),
-        Command::Mount(a) => mount::run(g, a, cli.threads),
+        Command::Mount(a) => mount::run(g, *a, cli.threads),
         Command::Umount(a) => mount::umount(g, a),
         Command::Stats(a) => stats::run(g, a),
         Command::Hold(a) => hold::run(g, a),

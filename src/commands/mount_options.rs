@@ -171,7 +171,7 @@ mod tests {
             v.extend(["-o", x]);
         }
         match Cli::parse_from(v).command {
-            Command::Mount(a) => a,
+            Command::Mount(a) => *a,
             _ => unreachable!(),
         }
     }

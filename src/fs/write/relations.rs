@@ -162,8 +162,10 @@ static TMP: AtomicU64 = AtomicU64::new(0);
 
 /// Test hook: with `CKPTFS_TEST_PAUSE=POINT` in its environment, the
 /// daemon (or `ckptfs repack`) logs and stops for good at POINT (a test
-/// then kills it with SIGKILL there): `standalone` (a dependent's `.zstn` installed, its
-/// `.z4dm` not yet removed), `rename` (a rename done, trailers not yet
+/// then kills it with SIGKILL there): `standalone` (a delta's `.zstn`
+/// installed by `make_standalone`, its `.z4dm` not yet removed),
+/// `release` (a dependent of a released base rewritten, the released
+/// file not yet removed), `rename` (a rename done, trailers not yet
 /// rewritten), `delta-commit` (a delta committed, the staged copy and the
 /// old version not yet removed), `family` (a predecessor's `.z4dm`
 /// installed, its `.zstn` not yet removed). `POINT@N` stops at the Nth
