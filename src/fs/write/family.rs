@@ -244,14 +244,17 @@ impl CheckpointFs {
     }
 
     /// The family thread: first what an earlier daemon left (files still
-    /// to settle, shadowed deltas), then queued families, until
+    /// to settle, shadowed deltas), then queued families and released
+    /// bases (`relations`: any writable mount), until
     /// [`Self::stop_family`].
     pub fn family_loop(&self) {
-        if self.read_only || !self.delta_auto {
+        if self.read_only {
             return;
         }
-        self.load_pending();
-        self.drop_shadowed_deltas();
+        if self.delta_auto {
+            self.load_pending();
+            self.drop_shadowed_deltas();
+        }
         while !self.family.stop.load(Ordering::Relaxed) {
             if !self.settle_next() {
                 let mut q = self.family.pending.lock();
@@ -261,7 +264,8 @@ impl CheckpointFs {
                         .wait_for(&mut q, Duration::from_millis(200));
                 }
             }
-            // Bases released by deletes (`relations`).
+            // Bases released by deletes (`relations`), in any writable
+            // mount.
             self.release_pending();
         }
     }
@@ -278,6 +282,7 @@ impl CheckpointFs {
     /// Settles every queued family now, on this thread (tests).
     pub fn run_family(&self) {
         while self.settle_next() {}
+        self.release_pending();
     }
 
     /// Settles the oldest queued family; false if none was queued.
@@ -317,7 +322,6 @@ impl CheckpointFs {
         if let Err(e) = r {
             log::warn!("{}: not saved: {e}", path.display());
         }
-        self.release_pending();
     }
 
     /// Queues what an earlier daemon listed in the spool.
