@@ -17,7 +17,11 @@
 //! under `P` would then be deeper than the family depth
 //! ([`FAMILY_DEPTH`], `mount --family-depth`): then `P` stays standalone,
 //! a keyframe; or unless the delta is not at least 20% smaller than `P`:
-//! then `P` stays standalone and is not tried again until it changes.
+//! then `P` stays standalone, tried again only once it changes or a
+//! newer file is more alike ([`RETRY`]). Only members not newer than the
+//! new file (by modification time) are taken: the new file is normally
+//! the newest, but not when a family left queued by an earlier daemon is
+//! settled.
 //! Members much less alike than the most alike one are not tried
 //! ([`WORTH_TRYING`]). So a checkpoint saved sharded between unsharded
 //! ones, and a keyframe whose chain retention has shortened, become
@@ -78,6 +82,9 @@ const TIE: f64 = 0.002;
 /// Candidates less alike than this fraction of the most alike one are
 /// not tried: a delta against so different a file would not be kept.
 const WORTH_TRYING: f64 = 0.5;
+/// How much more alike than when it was found not worth it a standalone
+/// member must be to be tried again.
+const RETRY: f64 = 0.05;
 /// Files looked at in one sibling directory that has no file of the
 /// target's name (the shards of a checkpoint saved sharded).
 const MAX_SHARDS: usize = 64;
@@ -94,7 +101,9 @@ pub(in crate::fs) struct FamilyQueue {
     depth: u32,
     /// Files found not worth storing as a delta (the delta was too
     /// large), as they were then: not tried again until they change.
-    kept: Mutex<HashMap<PathBuf, Stamp>>,
+    /// With the similarity then: tried again only against a file more
+    /// alike by [`RETRY`].
+    kept: Mutex<HashMap<PathBuf, (Stamp, f64)>>,
 }
 
 /// The spool file listing [`FamilyQueue::pending`]: STORE paths, each
@@ -146,16 +155,6 @@ pub(super) fn order_key(rel: &Path, m: &Metadata) -> OrderKey {
         .and_then(namespace::presented_name)
         .map_or_else(|| rel.to_path_buf(), |n| parent(rel).join(n));
     ((m.mtime(), m.mtime_nsec()), shown)
-}
-
-/// Which family members may be a target's predecessor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Predecessors {
-    /// Any (the daemon: the target is the newest).
-    Any,
-    /// Only those not after the target in [`order_key`]'s order (`ckptfs
-    /// repack`, which replays a family's commits in that order).
-    NotNewer,
 }
 
 /// A file rewritten in the spool, waiting to be renamed over `to`.
@@ -413,7 +412,7 @@ impl CheckpointFs {
     fn settle_family(&self, target: &Path) -> bool {
         test_delay("settle");
         let t0 = std::time::Instant::now();
-        match self.demote_predecessors(target, Predecessors::Any) {
+        match self.demote_predecessors(target) {
             Ok(done) => {
                 for what in done {
                     log::info!(
@@ -495,13 +494,12 @@ impl CheckpointFs {
     }
 
     /// See the module doc: stores the standalone members of `target`'s
-    /// family that it covers (`which` of them), most alike first, as
-    /// deltas against it. Returns what was done.
-    pub(super) fn demote_predecessors(
-        &self,
-        target: &Path,
-        which: Predecessors,
-    ) -> Result<Vec<String>> {
+    /// family that it covers and that are not newer than it in
+    /// [`order_key`]'s order, most alike first, as deltas against it.
+    /// (The target is normally the newest; not when a family left queued
+    /// by an earlier daemon is settled, or when `ckptfs repack` replays a
+    /// family's commits in that order.) Returns what was done.
+    pub(super) fn demote_predecessors(&self, target: &Path) -> Result<Vec<String>> {
         let Some(x) = self.committed_backing(target) else {
             return Ok(Vec::new());
         };
@@ -516,7 +514,7 @@ impl CheckpointFs {
             return Ok(Vec::new());
         };
         let xa = self.open_store_archive(&x)?;
-        let mut found = self.predecessors(target, (&x, which, x_key), &xh, &*xa);
+        let mut found = self.predecessors(target, (&x, x_key), &xh, &*xa);
         drop(xa);
         // Most alike first; near-ties to the most recently modified.
         let key = |c: &(f64, (i64, i64), PathBuf, Stamp)| ((c.0 / TIE).floor() as i64, c.1);
@@ -544,7 +542,7 @@ impl CheckpointFs {
     fn predecessors(
         &self,
         target: &Path,
-        (x, which, x_key): (&Path, Predecessors, OrderKey),
+        (x, x_key): (&Path, OrderKey),
         xh: &(Header, u64),
         xa: &dyn ArchiveView,
     ) -> Vec<(f64, (i64, i64), PathBuf, Stamp)> {
@@ -563,12 +561,7 @@ impl CheckpointFs {
                 continue;
             };
             let Ok(pm) = pf.metadata() else { continue };
-            if is_delta_file(&mut pf)
-                || (which == Predecessors::NotNewer && order_key(&p, &pm) > x_key)
-            {
-                continue;
-            }
-            if self.family.kept.lock().get(&p) == Some(&stamp(&pm)) {
+            if is_delta_file(&mut pf) || order_key(&p, &pm) > x_key {
                 continue;
             }
             // P comes to depend on X: X must be a base P's owner may have.
@@ -600,6 +593,10 @@ impl CheckpointFs {
                 continue;
             };
             let score = similarity(&*pa, &ph, xa, xh);
+            let tried = self.family.kept.lock().get(&p).copied();
+            if tried.is_some_and(|(s, was)| s == stamp(&pm) && score <= was + RETRY) {
+                continue;
+            }
             out.push((score, (pm.mtime(), pm.mtime_nsec()), p, stamp(&pm)));
         }
         out
@@ -662,7 +659,7 @@ impl CheckpointFs {
             if kept.len() >= 4096 {
                 kept.clear();
             }
-            kept.insert(p.clone(), p_stamp);
+            kept.insert(p.clone(), (p_stamp, score));
             drop(kept);
             return Ok(Some(format!(
                 "{} kept standalone: a delta against {} would be {} bytes, it is {p_stored}",

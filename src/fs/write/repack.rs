@@ -17,7 +17,7 @@
 //!    first, so no forward delta is left depending on a rewritten one);
 //! 2. then, member by member in order, the daemon's step after a commit
 //!    ([`CheckpointFs::demote_predecessors`]) with its choice restricted to
-//!    members not newer than the target ([`Predecessors::NotNewer`]): the
+//!    members not newer than the target ([`order_key`]): the
 //!    most alike standalone older member becomes a reverse delta against
 //!    it, unless the depth rule keeps it a keyframe or the 80% rule keeps
 //!    it standalone.
@@ -32,7 +32,7 @@
 //!
 //! The caller holds the store's writer lock: no daemon runs beside it.
 
-use super::family::{chain_height, order_key, OrderKey, Predecessors};
+use super::family::{chain_height, order_key, OrderKey};
 use super::relations::Relation;
 use crate::fs::namespace;
 use crate::fs::spool::SPOOL_DIR;
@@ -339,7 +339,7 @@ impl CheckpointFs {
                         continue;
                     }
                     said(i, target, None);
-                    let done = self.demote_predecessors(target, Predecessors::NotNewer)?;
+                    let done = self.demote_predecessors(target)?;
                     let line = if done.is_empty() {
                         format!("{}: no predecessor", target.display())
                     } else {
