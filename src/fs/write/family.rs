@@ -725,8 +725,18 @@ impl CheckpointFs {
         )))
     }
 
+    /// The presented content of STORE archive `rel`, which must present
+    /// one file, decoded into the spool.
+    pub(super) fn decoded_single(&self, rel: &Path) -> Result<Decoded> {
+        let a = self.open_store_archive(rel)?;
+        if a.files() != 1 || !a.file_path(0).is_empty() {
+            return Err(err(format!("{}: not a single-file archive", rel.display())));
+        }
+        self.decoded(&*a)
+    }
+
     /// The presented content of single-file archive `a`, decoded into the
-    /// spool.
+    /// spool: not memory, a checkpoint may be many GB.
     fn decoded(&self, a: &dyn ArchiveView) -> Result<Decoded> {
         let tmp = TempPath(
             self.spool_tmp(|w| archive::write_to(a, 0, w, &|_| {}).map_err(io::Error::other))?,
@@ -836,13 +846,13 @@ fn trailer_fingerprint(path: &Path) -> Result<u64> {
 }
 
 /// A decoded file in the spool, mapped.
-struct Decoded {
+pub(super) struct Decoded {
     map: Option<memmap2::Mmap>,
     _tmp: TempPath,
 }
 
 impl Decoded {
-    fn bytes(&self) -> &[u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
     }
 }

@@ -496,22 +496,8 @@ impl CheckpointFs {
                 (Some(tmp), d.to_path_buf(), fp, rt.depth, what)
             }
             Err(_) => {
-                let a = self.open_store_archive(d)?;
-                if a.files() != 1 || !a.file_path(0).is_empty() {
-                    return Err(bad(d, "not a single-file archive"));
-                }
-                let plain = TempPath(self.spool_tmp(|w| {
-                    archive::write_to(&*a, 0, w, &|_| {}).map_err(io::Error::other)
-                })?);
-                drop(a);
-                let file = File::open(&plain.0)?;
-                // SAFETY: a private spool file of this daemon, removed
-                // (never truncated) when `plain` drops, after the map.
-                let map = match file.metadata()?.len() {
-                    0 => None,
-                    _ => Some(unsafe { memmap2::Mmap::map(&file) }?),
-                };
-                let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+                let plain = self.decoded_single(d)?;
+                let bytes = plain.bytes();
                 let name = d.file_name().ok_or(FsError::NotFound)?;
                 let presented =
                     namespace::presented_name(name).ok_or_else(|| bad(d, "not an archive"))?;
@@ -533,7 +519,7 @@ impl CheckpointFs {
                             .map_err(io::Error::other)
                     })?))
                 };
-                drop(map);
+                drop(plain);
                 let fp = match &tmp {
                     Some(t) => archive::open(&t.0).ok(),
                     None => self.open_store_archive(&new_rel).ok(),
@@ -669,23 +655,8 @@ impl CheckpointFs {
     /// module doc); `rels` are the store's relations.
     pub(super) fn make_standalone(&self, rels: &[Relation], d: &Path) -> Result<()> {
         let like = self.store.lstat(d)?;
-        let a = self.open_store_archive(d)?;
-        if a.files() != 1 || !a.file_path(0).is_empty() {
-            return Err(bad(d, "not a single-file archive"));
-        }
-        // Decoded into a spool file, not memory: a dependent may be many GB.
-        let plain = TempPath(
-            self.spool_tmp(|w| archive::write_to(&*a, 0, w, &|_| {}).map_err(io::Error::other))?,
-        );
-        drop(a);
-        let file = File::open(&plain.0)?;
-        // SAFETY: a private spool file of this daemon, removed (never
-        // truncated) when `plain` drops, after the map.
-        let map = match file.metadata()?.len() {
-            0 => None,
-            _ => Some(unsafe { memmap2::Mmap::map(&file) }?),
-        };
-        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let plain = self.decoded_single(d)?;
+        let bytes = plain.bytes();
         let name = d.file_name().ok_or(FsError::NotFound)?;
         let presented = namespace::presented_name(name).ok_or_else(|| bad(d, "not an archive"))?;
         let new_name = namespace::archive_name_for(&presented);
@@ -707,7 +678,6 @@ impl CheckpointFs {
                     .map(|_| ())
                     .map_err(io::Error::other)
             })?;
-            drop(map);
             drop(plain);
             self.install(&tmp, &like, &new_rel)?;
             test_pause("standalone");
