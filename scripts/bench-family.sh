@@ -27,7 +27,7 @@
 #
 # Usage: scripts/bench-family.sh [WORKDIR]   (root: mounts, drop_caches;
 # BEFORE=PATH, AFTER=PATH pick the builds; CONFIGS="standalone after"
-# limits the runs)
+# limits the runs; FAMILY_DEPTH=N mounts "after" with --family-depth N)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-family}")"

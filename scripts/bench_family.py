@@ -185,6 +185,8 @@ def run_config(name):
     store = os.path.join(work, "store")
     os.makedirs(store)
     extra = [] if name == "standalone" else ["--delta", "auto"]
+    if name == "after" and os.environ.get("FAMILY_DEPTH"):
+        extra += ["--family-depth", os.environ["FAMILY_DEPTH"]]
     model = Model()
     commits, rms, plain = [], {}, {}
     with Mounted(binary, store, work, extra) as m:

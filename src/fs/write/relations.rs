@@ -353,10 +353,24 @@ impl CheckpointFs {
     /// later; every file stays exact meanwhile.
     pub fn release_pending(&self) {
         let Ok(spool) = self.spool() else { return };
-        let Ok(rd) = std::fs::read_dir(spool.dir().join(RELEASED)) else {
+        // Listed under `ns`: `release_base` holds it from its rename into
+        // `released/` until the trailers under the file point there, so a
+        // file listed here is never one still being released.
+        let dir = spool.dir().join(RELEASED);
+        if !dir.exists() {
+            return;
+        }
+        let listed = {
+            let _g = self.ns.lock();
+            std::fs::read_dir(&dir).map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name())
+                    .collect::<Vec<OsString>>()
+            })
+        };
+        let Ok(mut names) = listed else {
             return;
         };
-        let mut names: Vec<OsString> = rd.flatten().map(|e| e.file_name()).collect();
         names.sort();
         for n in names {
             let r = released_dir().join(&n);
