@@ -28,10 +28,13 @@ struct Run {
 
 impl Run {
     fn new(seed: u64) -> Run {
+        Run::sized(seed, 2 << 20)
+    }
+
+    /// Tensors of `elems` elements (a multiple of 1024).
+    fn sized(seed: u64, elems: usize) -> Run {
         let mut rng = Rng(seed | 1);
-        let tensors = (0..4)
-            .map(|_| gauss_bf16(&mut rng, 2 << 20, 0.02))
-            .collect();
+        let tensors = (0..4).map(|_| gauss_bf16(&mut rng, elems, 0.02)).collect();
         Run { rng, tensors }
     }
 
@@ -41,7 +44,7 @@ impl Run {
             .tensors
             .iter()
             .zip(names)
-            .map(|(b, n)| (n, "BF16", vec![2048, 1024], b.clone()))
+            .map(|(b, n)| (n, "BF16", vec![b.len() as u64 / 2048, 1024], b.clone()))
             .collect();
         safetensors_file(&t, None)
     }
@@ -89,8 +92,12 @@ fn set_mtime(p: &Path, k: u64) {
 /// the one before (`pack --base`, re-based at the chain limit); or, with
 /// `forward` false, all standalone. Returns their bytes.
 fn fill(store: &Path, n: usize, seed: u64, forward: bool) -> Vec<Vec<u8>> {
+    fill_sized(store, n, Run::new(seed), forward)
+}
+
+/// [`fill`] with the checkpoints of `run`.
+fn fill_sized(store: &Path, n: usize, mut run: Run, forward: bool) -> Vec<Vec<u8>> {
     let src = tempfile::tempdir().unwrap();
-    let mut run = Run::new(seed);
     let mut want = Vec::new();
     let mut prev: Option<PathBuf> = None;
     for k in 0..n {
@@ -319,6 +326,22 @@ fn standalone_checkpoints_become_a_family_and_the_store_shrinks() {
         out.contains(&format!("archives {before} -> {after} bytes")),
         "{out}"
     );
+    assert_second_repack_does_nothing(&store);
+}
+
+/// Checkpoints of 80 MiB, above repack's 64 MiB block cache: the family
+/// is made, every file exact.
+#[test]
+fn checkpoints_above_the_cache_size_are_repacked_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let want = fill_sized(&store, 3, Run::sized(23, 10 << 20), false);
+    assert!(want[0].len() > 64 << 20);
+    let before = stored_bytes(&store);
+    let (out, secs) = repack_and_check(&store, &want);
+    let after = stored_bytes(&store);
+    eprintln!("standalone, 3 x 80 MiB: {before} -> {after} bytes in {secs:.2} s\n{out}");
+    assert!(after < before, "{before} -> {after}");
     assert_second_repack_does_nothing(&store);
 }
 
