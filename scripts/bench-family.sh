@@ -27,7 +27,9 @@
 #
 # Usage: scripts/bench-family.sh [WORKDIR]   (root: mounts, drop_caches;
 # BEFORE=PATH, AFTER=PATH pick the builds; CONFIGS="standalone after"
-# limits the runs; FAMILY_DEPTH=N mounts "after" with --family-depth N)
+# limits the runs; FAMILY_DEPTH=N mounts "after" with --family-depth N;
+# the stores, several GB, are removed at the end unless KEEP=1, so a run
+# does not leave the disk full for the next build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W="$(realpath -m "${1:-/tmp/ckptfs-bench-family}")"
@@ -48,3 +50,9 @@ echo "load before: $(uptime)"
 "$PY" scripts/bench_family.py "$W" "$BEFORE" "$AFTER" "${RUNS:-3}" "${LR:-5e-5}" \
   "${CONFIGS:-$DEFAULT_CONFIGS}"
 echo "load after: $(uptime)"
+if [ "${KEEP:-0}" != 1 ]; then
+  for c in standalone before after; do
+    rm -rf "${W:?}/$c"
+  done
+  echo "stores removed (KEEP=1 keeps them); results in $W/result.json"
+fi
