@@ -8,6 +8,8 @@
 //! "1 thread" runs inside a one-thread rayon pool; "all threads" uses the
 //! global pool (method 4/5 parallelise over chunks for planes >= 1 MiB).
 
+use ckptfs::codec::rans::adaptive::AdaptiveDecode;
+use ckptfs::codec::rans::adaptive::AdaptiveDecodeMore;
 use ckptfs::codec::rans::{
     decode_method4, decode_method5, decode_stream, decode_stream_with, encode_method4,
     encode_stream, histogram, normalize_freqs, normalize_freqs_to, AdaptivePayload, DecodeTables,

@@ -1,26 +1,34 @@
 //! ckptfs: compressed model checkpoints served as ordinary files.
 //!
-//! The core (formats, codecs, archives) is independent of FUSE and of the
-//! command line; `fuse` and `commands` are thin layers over it.
+//! The layers are crates, bottom up (README's Layout):
+//!
+//! - [`format`] (`ckptfs-format`): bytes on disk, no codec; with
+//!   [`memory`] (allocations sized by untrusted lengths) and [`fsutil`]
+//!   (durable file replacement), which every layer above uses;
+//! - [`codec`] (`ckptfs-codec`): the entropy coders and transforms;
+//! - [`store`] (`ckptfs-store`): object storage;
+//! - [`archive`] (`ckptfs-archive`): the readers, the block cache, deltas;
+//! - [`pack`] (`ckptfs-pack`): the writers, export and GGUF;
+//! - [`fs`] (`ckptfs-fs`): the filesystem core and its thin FUSE adapter;
+//! - this crate: the command line ([`cli`], [`commands`]).
+//!
+//! The layers are re-exported here under their module names, so the
+//! binary, the Python package and the tests name everything as
+//! `ckptfs::LAYER::...`.
 
-pub mod archive;
-pub mod cache;
+pub use ckptfs_archive as archive;
+pub use ckptfs_archive::{cache, z4delta};
+pub use ckptfs_codec as codec;
+pub use ckptfs_format as format;
+pub use ckptfs_format::{fsutil, memory};
+pub use ckptfs_fs as fs;
+pub use ckptfs_fs::{fuse, metrics};
+pub use ckptfs_pack as pack;
+pub use ckptfs_pack::{export, model};
+pub use ckptfs_store as store;
+
 pub mod cli;
-pub mod codec;
 pub mod commands;
-pub mod export;
-pub mod format;
-pub mod fs;
-pub mod fsutil;
-pub mod fuse;
-pub mod memory;
-pub mod metrics;
-pub mod model;
-pub mod pack;
-pub mod store;
-#[cfg(test)]
-mod test_support;
-pub mod z4delta;
 
 /// Keeps glibc from returning every freed decode block to the kernel: blocks
 /// of about 1 MiB are allocated and freed constantly, and above the default

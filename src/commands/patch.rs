@@ -11,7 +11,7 @@
 use super::{Global, Result};
 use crate::archive::{BlazexArchive, Kind};
 use crate::cli::{ApplyArgs, DiffArgs, PatchEncodings};
-use crate::codec::blxd::Encodings;
+use crate::pack::blxd::Encodings;
 use anyhow::Context as _;
 use std::path::Path;
 use std::process::ExitCode;

@@ -12,7 +12,7 @@ mod fixtures;
 mod mount;
 pub mod s3;
 // The same file as the library's `test_support` (unit tests use it too).
-#[path = "../../src/test_support.rs"]
+#[path = "support.rs"]
 mod test_support;
 
 #[allow(unused_imports)]
