@@ -53,6 +53,7 @@ use crate::format::delta::{self, DeltaKind, Head, RecordHead, Trailer, MAX_CHAIN
 use crate::format::digest::{xxh3_64, Xxh3};
 use crate::format::frame::Frame;
 use crate::format::safetensors::{header_len, Header, TensorEntry};
+use crate::format::z4dm;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::File;
@@ -348,17 +349,15 @@ pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Re
 /// the size it would have.
 pub fn presented_len_of_head(file: &File) -> Option<u64> {
     use std::os::unix::fs::FileExt;
-    let mut fixed = [0u8; 13];
+    let mut fixed = [0u8; z4dm::FIXED_LEN];
     file.read_exact_at(&mut fixed, 0).ok()?;
-    if &fixed[..4] != delta::Z4DM_MAGIC || fixed[4] != delta::Z4DM_VERSION {
-        return None;
-    }
-    let hlen = u64::from_le_bytes(fixed[5..13].try_into().ok()?);
+    let hlen = z4dm::json_len(&fixed)?;
     if hlen > crate::format::safetensors::MAX_HEADER_LEN {
         return None;
     }
     let mut data_len = [0u8; 8];
-    file.read_exact_at(&mut data_len, 13 + hlen).ok()?;
+    file.read_exact_at(&mut data_len, z4dm::FIXED_LEN as u64 + hlen)
+        .ok()?;
     (8 + hlen).checked_add(u64::from_le_bytes(data_len))
 }
 
@@ -386,9 +385,10 @@ pub(super) fn fetch_metadata(b: &Backing) -> io::Result<()> {
     };
     // The trailer ends with its own length and "CKD1"; the head starts
     // with "Z4DM", a version byte and the header JSON's length.
-    b.ensure_all(&[0..13.min(len), len.saturating_sub(12)..len])?;
+    let fixed = z4dm::FIXED_LEN as u64;
+    b.ensure_all(&[0..fixed.min(len), len.saturating_sub(12)..len])?;
     let trailer_len = u64_at(len.saturating_sub(12)).unwrap_or(0).min(len);
-    let head_end = u64_at(5).map_or(len, |h| h.saturating_add(13 + 8 + 8 + 4).min(len));
+    let head_end = u64_at(z4dm::JSON_LEN_AT as u64).map_or(len, |h| z4dm::head_len(h).min(len));
     b.ensure_all(&[0..head_end, len - trailer_len..len])?;
     let Ok(Some(trailer)) = Trailer::find(b.bytes()) else {
         return Ok(());

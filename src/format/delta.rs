@@ -48,18 +48,23 @@
 //! xxh3 of the *target* bytes it serves (for DELTA: after the XOR with the
 //! base), so a wrong or damaged base fails the block, never serves wrong
 //! bytes. Pure parsing and rendering; no I/O, no codec.
+//!
+//! The `Z4DM` body is parsed and rendered by `format::z4dm`, a DELTA
+//! record's `Z4DL` header by `format::z4dl`: this module adds what ckptfs
+//! keeps of them ([`Head`], [`RecordHead`], read where the trailer says)
+//! and the `CKD1` trailer.
 
 use super::ckx::BlockDigest;
 use super::cursor::{put_varint, Cursor};
+use super::z4dl::{self, Z4dl};
+use super::z4dm::{self, Record, Z4dm, Z4dmError};
 use crate::format::digest::xxh3_64;
 use std::ops::Range;
 
-pub const Z4DM_MAGIC: &[u8; 4] = b"Z4DM";
-pub const Z4DM_VERSION: u8 = 1;
-pub const Z4DL_MAGIC: &[u8; 4] = b"Z4DL";
-pub const Z4DL_VERSION: u8 = 2;
-/// Length of a `Z4DL` header (magic .. reference digest).
-pub const Z4DL_HEADER: usize = 32;
+pub use super::z4dl::{HEADER_LEN as Z4DL_HEADER, MAGIC as Z4DL_MAGIC, VERSION as Z4DL_VERSION};
+/// A record's kind, as `format::z4dm` reads it.
+pub use super::z4dm::RecordKind as DeltaKind;
+pub use super::z4dm::{render_head, MAGIC as Z4DM_MAGIC, VERSION as Z4DM_VERSION};
 pub const TRAILER_MAGIC: &[u8; 4] = b"CKD1";
 /// The version written; version 1 is still read (and kept when a
 /// version-1 trailer is rewritten).
@@ -76,30 +81,6 @@ pub const MAX_BASE_PATH: usize = 4096;
 
 const TRAILER_END: usize = 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeltaKind {
-    Full,
-    Delta,
-    Copy,
-}
-
-impl DeltaKind {
-    pub fn code(self) -> u8 {
-        match self {
-            DeltaKind::Full => 0,
-            DeltaKind::Delta => 1,
-            DeltaKind::Copy => 2,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            DeltaKind::Full => "FULL",
-            DeltaKind::Delta => "DELTA",
-            DeltaKind::Copy => "COPY",
-        }
-    }
-}
-
 /// The `Z4DM` head: what precedes the records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
@@ -112,42 +93,17 @@ pub struct Head {
     pub records_start: usize,
 }
 
-/// Renders the `Z4DM` head.
-pub fn render_head(header: &[u8], data_len: u64, base_data_digest: [u8; 8], n: u32) -> Vec<u8> {
-    let mut v = Vec::with_capacity(4 + 1 + 8 + header.len() + 8 + 8 + 4);
-    v.extend_from_slice(Z4DM_MAGIC);
-    v.push(Z4DM_VERSION);
-    v.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    v.extend_from_slice(header);
-    v.extend_from_slice(&data_len.to_le_bytes());
-    v.extend_from_slice(&base_data_digest);
-    v.extend_from_slice(&n.to_le_bytes());
-    v
-}
-
-/// Parses the `Z4DM` head of `bytes` (the body, up to the trailer).
+/// Parses the `Z4DM` head of `bytes` (the body, up to the trailer), with
+/// [`Z4dm::parse_head`]: the trailer lists the records, which the caller
+/// checks against it.
 pub fn parse_head(bytes: &[u8]) -> Result<Head, String> {
-    let mut c = Cursor::new(bytes);
-    let e = |e: super::error::CodecError| format!("Z4DM head: {e}");
-    if c.take(4, "magic").map_err(e)? != Z4DM_MAGIC {
-        return Err("not a Z4DM model delta".into());
-    }
-    let v = c.u8("version").map_err(e)?;
-    if v != Z4DM_VERSION {
-        return Err(format!("Z4DM version {v} (only 1 is read)"));
-    }
-    let hlen = c.u64("header length").map_err(e)?;
-    c.take(hlen, "header").map_err(e)?;
-    let prefix = 5..c.pos();
-    let data_len = c.u64("data length").map_err(e)?;
-    let base_data_digest = c.take(8, "base digest").map_err(e)?.try_into().unwrap();
-    let n_records = c.u32("record count").map_err(e)?;
+    let d = Z4dm::parse_head(bytes).map_err(|e| e.to_string())?;
     Ok(Head {
-        prefix,
-        data_len,
-        base_data_digest,
-        n_records,
-        records_start: c.pos(),
+        prefix: d.prefix_range(),
+        data_len: d.data_len,
+        base_data_digest: d.base_digest,
+        n_records: d.n_records,
+        records_start: d.records_start(),
     })
 }
 
@@ -177,79 +133,49 @@ pub fn render_record_head(
     frame_len: u64,
     reference: Option<(u64, [u8; 16])>,
 ) -> Vec<u8> {
-    let mut v = Vec::with_capacity(2 + name.len() + 17 + 8 + Z4DL_HEADER);
-    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    v.extend_from_slice(name.as_bytes());
-    v.extend_from_slice(&begin.to_le_bytes());
-    v.extend_from_slice(&end.to_le_bytes());
-    v.push(kind.code());
-    match kind {
-        DeltaKind::Copy => {}
-        DeltaKind::Full => v.extend_from_slice(&frame_len.to_le_bytes()),
-        DeltaKind::Delta => {
-            let (ref_len, digest) = reference.unwrap_or_default();
-            v.extend_from_slice(&(frame_len + Z4DL_HEADER as u64).to_le_bytes());
-            v.extend_from_slice(Z4DL_MAGIC);
-            v.push(Z4DL_VERSION);
-            v.push(0);
-            v.extend_from_slice(&0u16.to_le_bytes());
-            v.extend_from_slice(&ref_len.to_le_bytes());
-            v.extend_from_slice(&digest);
-        }
+    if kind != DeltaKind::Delta {
+        return z4dm::render_record_head(name, begin, end, kind, frame_len);
     }
+    let stored = frame_len + Z4DL_HEADER as u64;
+    let mut v = z4dm::render_record_head(name, begin, end, kind, stored);
+    let (ref_len, digest) = reference.unwrap_or_default();
+    v.extend(z4dl::render_header(ref_len, &digest));
     v
 }
 
-/// Parses the record at `offset` of `bytes` (the body).
+/// Parses the record at `offset` of `bytes` (the body) with
+/// [`Record::at`], and a DELTA record's `Z4DL` header with
+/// [`Z4dl::parse_header`] (its frame is not read: over a remote copy it is
+/// fetched when used).
 pub fn parse_record(bytes: &[u8], offset: usize) -> Result<RecordHead, String> {
-    let at = bytes
-        .get(offset..)
-        .ok_or("record offset outside the file")?;
-    let mut c = Cursor::new(at);
-    let e = |e: super::error::CodecError| format!("record at {offset}: {e}");
-    let n = c.u16("name length").map_err(e)?;
-    let name = std::str::from_utf8(c.take(n as u64, "name").map_err(e)?)
-        .map_err(|_| format!("record at {offset}: name is not UTF-8"))?
-        .to_string();
-    let begin = c.u64("begin").map_err(e)?;
-    let end = c.u64("end").map_err(e)?;
-    let kind = match c.u8("kind").map_err(e)? {
-        0 => DeltaKind::Full,
-        1 => DeltaKind::Delta,
-        2 => DeltaKind::Copy,
-        k => return Err(format!("record {name:?}: unknown kind {k}")),
-    };
-    let mut reference = None;
-    let frame = match kind {
-        DeltaKind::Copy => offset + c.pos()..offset + c.pos(),
-        DeltaKind::Full | DeltaKind::Delta => {
-            let len = c.u64("frame length").map_err(e)?;
-            let start = c.pos();
-            let payload = c.take(len, "frame").map_err(e)?;
-            if kind == DeltaKind::Delta {
-                let mut d = Cursor::new(payload);
-                let h = d
-                    .take(Z4DL_HEADER as u64, "Z4DL header")
-                    .map_err(|x| format!("record {name:?}: {x}"))?;
-                if &h[..4] != Z4DL_MAGIC || h[4] != Z4DL_VERSION {
-                    return Err(format!("record {name:?}: not a Z4DL v2 delta frame"));
-                }
-                let ref_len = u64::from_le_bytes(h[8..16].try_into().unwrap());
-                reference = Some((ref_len, h[16..32].try_into().unwrap()));
-                offset + start + Z4DL_HEADER..offset + start + payload.len()
-            } else {
-                offset + start..offset + start + payload.len()
-            }
-        }
+    if offset > bytes.len() {
+        return Err("record offset outside the file".into());
+    }
+    // The index is unknown here: messages name the record by its offset.
+    let r = Record::at(bytes, offset, 0).map_err(|e| match e {
+        Z4dmError::Record { source, .. } => format!("record at {offset}: {source}"),
+        Z4dmError::Name { .. } => format!("record at {offset}: name is not UTF-8"),
+        Z4dmError::Kind { name, kind, .. } => format!("record {name:?}: unknown kind {kind}"),
+        e => e.to_string(),
+    })?;
+    let frame = r.frame_range.start as usize..r.frame_range.end as usize;
+    let (frame, reference) = if r.kind == DeltaKind::Delta {
+        let d = Z4dl::parse_header(r.frame).map_err(|e| format!("record {:?}: {e}", r.name))?;
+        let frame = frame.start + Z4DL_HEADER..frame.end;
+        (frame, Some((d.ref_len, d.ref_digest)))
+    } else if r.kind == DeltaKind::Copy {
+        (r.end_offset as usize..r.end_offset as usize, None)
+    } else {
+        (frame, None)
     };
     Ok(RecordHead {
-        name,
-        begin,
-        end,
-        kind,
+        name: r.name.to_string(),
+        begin: r.begin,
+        end: r.end,
+        kind: r.kind,
         frame,
         reference,
-        end_offset: offset + c.pos(),
+        end_offset: r.end_offset as usize,
     })
 }
 
