@@ -39,7 +39,7 @@ pub fn presented_len_of_head(file: &File) -> Option<u64> {
 
 /// The most a record's bytes before its frame take besides its name:
 /// name length, begin, end, kind, frame length and a DELTA's Z4DL header.
-const RECORD_HEAD_FIXED: u64 = 2 + 8 + 8 + 1 + 8 + delta::Z4DL_HEADER as u64;
+const RECORD_HEAD_FIXED: u64 = z4dm::MIN_RECORD_LEN + 8 + delta::Z4DL_HEADER as u64;
 
 /// Bytes of each record read ahead when a local delta is opened: its
 /// fixed part and a name of up to a few KiB.
