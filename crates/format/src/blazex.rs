@@ -22,14 +22,15 @@
 //! presents. Content (tensor xxh3, base64, data SHA-256) is checked by the
 //! reader on use and by `verify`.
 
+use super::blz_prelude::{self, PreludeError};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use thiserror::Error;
 
 pub const MAGIC: &[u8; 8] = b"BLAZXPK\n";
 pub const VERSION: u32 = 1;
-/// Magic, version, header length.
-pub const PRELUDE_LEN: u64 = 20;
+/// Magic, version, header length (`format::blz_prelude`).
+pub const PRELUDE_LEN: u64 = blz_prelude::LEN;
 /// Headers larger than this are refused before they are parsed.
 pub const MAX_HEADER_LEN: u64 = 1 << 30;
 /// The files every archive presents besides its sidecars.
@@ -216,20 +217,13 @@ pub struct Parsed {
 /// Parses and validates the prelude and header of a whole archive.
 pub fn parse(bytes: &[u8]) -> Result<Parsed> {
     let file_len = bytes.len() as u64;
-    if file_len < PRELUDE_LEN {
-        return Err(BlazexError::TooShort(file_len));
-    }
-    if &bytes[..8] != MAGIC {
-        return Err(BlazexError::BadMagic(
-            String::from_utf8_lossy(&bytes[..8]).into_owned(),
-        ));
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
-        return Err(BlazexError::UnsupportedVersion(version));
-    }
-    let hlen = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
-    if hlen > file_len - PRELUDE_LEN {
+    let prelude = blz_prelude::parse(bytes, MAGIC, VERSION).map_err(|e| match e {
+        PreludeError::TooShort(n) => BlazexError::TooShort(n),
+        PreludeError::BadMagic(m) => BlazexError::BadMagic(m),
+        PreludeError::Version(v) => BlazexError::UnsupportedVersion(v),
+    })?;
+    let hlen = prelude.header_len;
+    if prelude.past_end(file_len) {
         return Err(BlazexError::HeaderPastEnd {
             len: hlen,
             file: file_len,
@@ -241,7 +235,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
             max: MAX_HEADER_LEN,
         });
     }
-    let data_start = PRELUDE_LEN + hlen;
+    let data_start = prelude.data_start();
     let json = &bytes[PRELUDE_LEN as usize..data_start as usize];
     // The digest first: a damaged header is named as such, whatever else
     // the damage makes of its JSON.
@@ -490,11 +484,7 @@ pub fn seal_header(json: &[u8]) -> Option<([u8; 20], Vec<u8>)> {
 
 /// The 20-byte prelude for a header of `len` bytes.
 pub fn render_prelude(header_len: u64) -> [u8; 20] {
-    let mut p = [0u8; 20];
-    p[..8].copy_from_slice(MAGIC);
-    p[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    p[12..20].copy_from_slice(&header_len.to_le_bytes());
-    p
+    blz_prelude::render(MAGIC, VERSION, header_len)
 }
 
 /// The header as `blazex` writes it: pretty-printed JSON, 2-space indent,

@@ -8,6 +8,7 @@
 
 pub mod blazex;
 pub mod blz;
+pub mod blz_prelude;
 pub mod blzdiff;
 pub mod ckx;
 pub mod cursor;

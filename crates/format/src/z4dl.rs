@@ -9,7 +9,9 @@
 //!
 //! [`Z4dl::parse`] checks the header and the inner frame's structure (the
 //! frame must decode to exactly `ref_len` bytes) without decoding or
-//! allocating anything; [`Z4dl::check_reference`] checks a reference's
+//! allocating anything; [`Z4dl::parse_header`] checks the header alone (for
+//! a reader that reads the frame later, as ckptfs's delta archive does for
+//! its DELTA records); [`Z4dl::check_reference`] checks a reference's
 //! length and digest. Decoding (inner frame, then XOR with the reference) is
 //! the caller's: the frame decoder lives in `codec`, which `format` may not
 //! use. An empty reference decodes to an empty output whatever the frame.
@@ -61,6 +63,22 @@ impl<'a> Z4dl<'a> {
     /// Parses the header and checks the inner frame's structure: unless the
     /// reference is empty, it must decode to `ref_len` bytes.
     pub fn parse(bytes: &'a [u8]) -> Result<Z4dl<'a>, Z4dlError> {
+        let d = Z4dl::parse_header(bytes)?;
+        if d.ref_len > 0 {
+            let got = d.inner()?.decoded_len();
+            if got != d.ref_len {
+                return Err(Z4dlError::FrameLength {
+                    frame: got,
+                    ref_len: d.ref_len,
+                });
+            }
+        }
+        Ok(d)
+    }
+
+    /// Parses the [`HEADER_LEN`] bytes of the header (magic, version,
+    /// reference length and digest), without reading the inner frame.
+    pub fn parse_header(bytes: &'a [u8]) -> Result<Z4dl<'a>, Z4dlError> {
         if bytes.len() < 4 || &bytes[..4] != MAGIC {
             return Err(Z4dlError::Magic(
                 String::from_utf8_lossy(&bytes[..bytes.len().min(4)]).into_owned(),
@@ -73,24 +91,13 @@ impl<'a> Z4dl<'a> {
         if version != VERSION {
             return Err(Z4dlError::Version(version));
         }
-        let ref_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-        let d = Z4dl {
+        Ok(Z4dl {
             version,
             flags: bytes[5],
-            ref_len,
+            ref_len: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
             ref_digest: bytes[16..32].try_into().expect("16 bytes"),
             frame: &bytes[HEADER_LEN..],
-        };
-        if ref_len > 0 {
-            let got = d.inner()?.decoded_len();
-            if got != ref_len {
-                return Err(Z4dlError::FrameLength {
-                    frame: got,
-                    ref_len,
-                });
-            }
-        }
-        Ok(d)
+        })
     }
 
     /// The parsed inner frame.

@@ -19,6 +19,12 @@
 //! file. Beyond what z4ai itself checks, records must come in data-buffer
 //! order without overlapping (z4ai writes them so), so that a reader can
 //! stream the output, and no bytes may follow the last record.
+//!
+//! This is the one parser of `Z4DM` in ckptfs: ckptfs's own delta archive
+//! (`format::delta`, a `Z4DM` followed by a `CKD1` trailer) reads its head
+//! with [`Z4dm::parse_head`] and each record where its trailer says with
+//! [`Record::at`], and writes them with [`render_head`] and
+//! [`render_record_head`].
 
 use crate::cursor::Cursor;
 use crate::error::CodecError;
@@ -31,6 +37,28 @@ pub const MAGIC: &[u8; 4] = b"Z4DM";
 pub const VERSION: u8 = 1;
 /// The fewest bytes one record takes (an empty-named COPY).
 pub const MIN_RECORD_LEN: u64 = 2 + 8 + 8 + 1;
+/// Where the header JSON's length (a u64) is: after the magic and version.
+pub const JSON_LEN_AT: usize = 5;
+/// Bytes before the header JSON: magic, version and the JSON's length.
+pub const FIXED_LEN: usize = JSON_LEN_AT + 8;
+
+/// The length of a head (everything before the first record) whose header
+/// JSON is `json_len` bytes: the fixed fields, the JSON, `data_len`, the
+/// base digest and the record count (saturating).
+pub fn head_len(json_len: u64) -> u64 {
+    json_len.saturating_add((FIXED_LEN + 8 + BASE_DIGEST_LEN + 4) as u64)
+}
+
+/// The header JSON's length from a file's first [`FIXED_LEN`] bytes, for a
+/// reader that reads the head piece by piece (the data length follows the
+/// JSON, at `FIXED_LEN + json_len`); None unless they open a `Z4DM`
+/// version 1.
+pub fn json_len(fixed: &[u8; FIXED_LEN]) -> Option<u64> {
+    if &fixed[..4] != MAGIC || fixed[4] != VERSION {
+        return None;
+    }
+    Some(u64::from_le_bytes(fixed[JSON_LEN_AT..].try_into().ok()?))
+}
 
 /// Why a `Z4DM` cannot be read.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -100,6 +128,14 @@ impl RecordKind {
             _ => None,
         }
     }
+    /// The byte that stores it (the inverse of [`RecordKind::from_byte`]).
+    pub fn code(self) -> u8 {
+        match self {
+            RecordKind::Full => 0,
+            RecordKind::Delta => 1,
+            RecordKind::Copy => 2,
+        }
+    }
     pub fn name(self) -> &'static str {
         match self {
             RecordKind::Full => "FULL",
@@ -124,9 +160,20 @@ pub struct Record<'a> {
     pub frame_range: Range<u64>,
     /// Offset of the record in the file (for messages).
     pub offset: u64,
+    /// Where the record ends (and the next one starts) in the file.
+    pub end_offset: u64,
 }
 
-impl Record<'_> {
+impl<'a> Record<'a> {
+    /// Reads the record at `offset` of `bytes`, `index` naming it in
+    /// errors, with none of the checks of its span against the data buffer
+    /// and the previous record that [`Z4dm::records`] makes: for a reader
+    /// that finds the records through an index of its own (ckptfs's `CKD1`
+    /// trailer) and checks their spans itself.
+    pub fn at(bytes: &'a [u8], offset: usize, index: u32) -> Result<Record<'a>, Z4dmError> {
+        read_record(bytes, offset, index, None)
+    }
+
     pub fn len(&self) -> u64 {
         self.end - self.begin
     }
@@ -153,6 +200,21 @@ pub struct Z4dm<'a> {
 impl<'a> Z4dm<'a> {
     /// Parses the fixed header, checking every length against the file.
     pub fn parse(bytes: &'a [u8]) -> Result<Z4dm<'a>, Z4dmError> {
+        let d = Z4dm::parse_head(bytes)?;
+        let have = (bytes.len() - d.records_at) as u64;
+        if d.n_records as u64 * MIN_RECORD_LEN > have {
+            return Err(Z4dmError::TooManyRecords {
+                records: d.n_records,
+                have,
+            });
+        }
+        Ok(d)
+    }
+
+    /// [`Z4dm::parse`] without checking the record count against the bytes
+    /// after the head: for a reader that knows where the records end (a
+    /// `CKD1` trailer lists them) and checks them itself.
+    pub fn parse_head(bytes: &'a [u8]) -> Result<Z4dm<'a>, Z4dmError> {
         if bytes.len() < 4 || &bytes[..4] != MAGIC {
             return Err(Z4dmError::Magic(
                 String::from_utf8_lossy(&bytes[..bytes.len().min(4)]).into_owned(),
@@ -173,12 +235,6 @@ impl<'a> Z4dm<'a> {
             .try_into()
             .expect("8 bytes");
         let n_records = c.u32("record count").map_err(h)?;
-        if n_records as u64 * MIN_RECORD_LEN > c.remaining() as u64 {
-            return Err(Z4dmError::TooManyRecords {
-                records: n_records,
-                have: c.remaining() as u64,
-            });
-        }
         Ok(Z4dm {
             version,
             header_json,
@@ -201,6 +257,16 @@ impl<'a> Z4dm<'a> {
         let mut v = (self.header_json.len() as u64).to_le_bytes().to_vec();
         v.extend_from_slice(self.header_json);
         v
+    }
+
+    /// Where [`Z4dm::prefix`]'s bytes are in the file, verbatim.
+    pub fn prefix_range(&self) -> Range<usize> {
+        JSON_LEN_AT..FIXED_LEN + self.header_json.len()
+    }
+
+    /// Where the first record starts.
+    pub fn records_start(&self) -> usize {
+        self.records_at
     }
 
     /// Walks the records once, in file order. After the last record (or
@@ -232,67 +298,84 @@ pub struct Records<'a> {
 
 impl<'a> Records<'a> {
     fn next_record(&mut self) -> Result<Record<'a>, Z4dmError> {
-        let index = self.index;
-        let offset = self.pos as u64;
-        let mut c = Cursor::new(&self.bytes[self.pos..]);
-        let rec = |source| Z4dmError::Record {
-            index,
-            offset,
-            source,
-        };
-        let name_len = c.u16("tensor name length").map_err(rec)?;
-        let name = c.take(name_len as u64, "tensor name").map_err(rec)?;
-        let name = std::str::from_utf8(name).map_err(|_| Z4dmError::Name { index, offset })?;
-        let begin = c.u64("begin").map_err(rec)?;
-        let end = c.u64("end").map_err(rec)?;
-        let kind_byte = c.u8("kind").map_err(rec)?;
-        let kind = RecordKind::from_byte(kind_byte).ok_or_else(|| Z4dmError::Kind {
-            index,
-            name: name.to_string(),
-            offset,
-            kind: kind_byte,
-        })?;
-        if begin > end || end > self.data_len {
+        let order = Some((self.data_len, self.prev_end));
+        let r = read_record(self.bytes, self.pos, self.index, order)?;
+        self.pos = r.end_offset as usize;
+        self.prev_end = r.end;
+        Ok(r)
+    }
+}
+
+/// Reads the record at `offset` of `bytes`. With `order` (the data
+/// buffer's length and the previous record's end), its span must lie in
+/// the data buffer and start at or after the previous record's end.
+fn read_record(
+    bytes: &[u8],
+    offset: usize,
+    index: u32,
+    order: Option<(u64, u64)>,
+) -> Result<Record<'_>, Z4dmError> {
+    let at = bytes.get(offset..).unwrap_or_default();
+    let offset = offset as u64;
+    let mut c = Cursor::new(at);
+    let rec = |source| Z4dmError::Record {
+        index,
+        offset,
+        source,
+    };
+    let name_len = c.u16("tensor name length").map_err(rec)?;
+    let name = c.take(name_len as u64, "tensor name").map_err(rec)?;
+    let name = std::str::from_utf8(name).map_err(|_| Z4dmError::Name { index, offset })?;
+    let begin = c.u64("begin").map_err(rec)?;
+    let end = c.u64("end").map_err(rec)?;
+    let kind_byte = c.u8("kind").map_err(rec)?;
+    let kind = RecordKind::from_byte(kind_byte).ok_or_else(|| Z4dmError::Kind {
+        index,
+        name: name.to_string(),
+        offset,
+        kind: kind_byte,
+    })?;
+    if let Some((data_len, prev_end)) = order {
+        if begin > end || end > data_len {
             return Err(Z4dmError::Span {
                 index,
                 name: name.to_string(),
                 offset,
                 begin,
                 end,
-                data_len: self.data_len,
+                data_len,
             });
         }
-        if begin < self.prev_end {
+        if begin < prev_end {
             return Err(Z4dmError::Order {
                 index,
                 name: name.to_string(),
                 offset,
                 begin,
                 end,
-                prev_end: self.prev_end,
+                prev_end,
             });
         }
-        let (frame, frame_range) = if kind == RecordKind::Copy {
-            (&[][..], 0..0)
-        } else {
-            let len = c.u64("frame length").map_err(rec)?;
-            let at = (self.pos + c.pos()) as u64;
-            let f = c.take(len, "frame").map_err(rec)?;
-            (f, at..at + len)
-        };
-        self.pos += c.pos();
-        self.prev_end = end;
-        Ok(Record {
-            index,
-            name,
-            begin,
-            end,
-            kind,
-            frame,
-            frame_range,
-            offset,
-        })
     }
+    let (frame, frame_range) = if kind == RecordKind::Copy {
+        (&[][..], 0..0)
+    } else {
+        let len = c.u64("frame length").map_err(rec)?;
+        let at = offset + c.pos() as u64;
+        let f = c.take(len, "frame").map_err(rec)?;
+        (f, at..at + len)
+    };
+    Ok(Record {
+        index,
+        name,
+        begin,
+        end,
+        kind,
+        frame,
+        frame_range,
+        offset,
+        end_offset: offset + c.pos() as u64,
+    })
 }
 
 impl<'a> Iterator for Records<'a> {
@@ -319,6 +402,45 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
+/// Renders a `Z4DM` head: everything before the first record.
+pub fn render_head(
+    header_json: &[u8],
+    data_len: u64,
+    base_digest: [u8; BASE_DIGEST_LEN],
+    n_records: u32,
+) -> Vec<u8> {
+    let mut v = Vec::with_capacity(head_len(header_json.len() as u64) as usize);
+    v.extend_from_slice(MAGIC);
+    v.push(VERSION);
+    v.extend_from_slice(&(header_json.len() as u64).to_le_bytes());
+    v.extend_from_slice(header_json);
+    v.extend_from_slice(&data_len.to_le_bytes());
+    v.extend_from_slice(&base_digest);
+    v.extend_from_slice(&n_records.to_le_bytes());
+    v
+}
+
+/// Renders a record's bytes before its `frame_len`-byte frame (all of a
+/// COPY record, which has none).
+pub fn render_record_head(
+    name: &str,
+    begin: u64,
+    end: u64,
+    kind: RecordKind,
+    frame_len: u64,
+) -> Vec<u8> {
+    let mut v = Vec::with_capacity(MIN_RECORD_LEN as usize + name.len() + 8);
+    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    v.extend_from_slice(name.as_bytes());
+    v.extend_from_slice(&begin.to_le_bytes());
+    v.extend_from_slice(&end.to_le_bytes());
+    v.push(kind.code());
+    if kind != RecordKind::Copy {
+        v.extend_from_slice(&frame_len.to_le_bytes());
+    }
+    v
+}
+
 /// Writes a `Z4DM` (tests and fixtures build deltas with it): header,
 /// then records of (name, begin, end, kind, frame).
 pub fn render(
@@ -327,25 +449,16 @@ pub fn render(
     base_digest: &[u8; BASE_DIGEST_LEN],
     records: &[(&str, u64, u64, RecordKind, &[u8])],
 ) -> Vec<u8> {
-    let mut v = MAGIC.to_vec();
-    v.push(VERSION);
-    v.extend_from_slice(&(header_json.len() as u64).to_le_bytes());
-    v.extend_from_slice(header_json);
-    v.extend_from_slice(&data_len.to_le_bytes());
-    v.extend_from_slice(base_digest);
-    v.extend_from_slice(&(records.len() as u32).to_le_bytes());
-    for (name, begin, end, kind, frame) in records {
-        v.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        v.extend_from_slice(name.as_bytes());
-        v.extend_from_slice(&begin.to_le_bytes());
-        v.extend_from_slice(&end.to_le_bytes());
-        v.push(match kind {
-            RecordKind::Full => 0,
-            RecordKind::Delta => 1,
-            RecordKind::Copy => 2,
-        });
-        if *kind != RecordKind::Copy {
-            v.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+    let mut v = render_head(header_json, data_len, *base_digest, records.len() as u32);
+    for &(name, begin, end, kind, frame) in records {
+        v.extend(render_record_head(
+            name,
+            begin,
+            end,
+            kind,
+            frame.len() as u64,
+        ));
+        if kind != RecordKind::Copy {
             v.extend_from_slice(frame);
         }
     }
@@ -387,6 +500,22 @@ mod tests {
         let r = recs[2].frame_range.clone();
         assert_eq!(&blob[r.start as usize..r.end as usize], b"Z4DL..");
         assert_eq!((recs[2].begin, recs[2].end, recs[2].len()), (8, 12, 4));
+    }
+
+    #[test]
+    fn reads_a_record_where_an_index_says() {
+        let blob = sample();
+        let d = Z4dm::parse(&blob).unwrap();
+        assert_eq!(&blob[d.prefix_range()], &d.prefix()[..]);
+        for r in d.records() {
+            let r = r.unwrap();
+            assert_eq!(Record::at(&blob, r.offset as usize, r.index), Ok(r));
+        }
+        // Without the walk's checks: a span past the data buffer reads.
+        let blob = render(b"{}", 4, &[0; 8], &[("x", 2, 9, RecordKind::Copy, &[])]);
+        let start = Z4dm::parse_head(&blob).unwrap().records_start();
+        assert_eq!(Record::at(&blob, start, 0).unwrap().end, 9);
+        assert!(Record::at(&blob, blob.len() + 1, 0).is_err());
     }
 
     #[test]

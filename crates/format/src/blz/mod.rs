@@ -21,6 +21,7 @@
 //! Content digests (per block, per file) are checked by the reader on use;
 //! the header digest and the DATA SHA-256 by `verify`.
 
+use crate::blz_prelude::{self, PreludeError};
 use crate::digest::xxh3_64;
 use crate::frame::MAX_EXPANSION;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -29,8 +30,8 @@ use thiserror::Error;
 
 pub const MAGIC: &[u8; 8] = b"CKPTBLZ\0";
 pub const VERSION: u32 = 1;
-/// Magic, version, header length.
-pub const PRELUDE_LEN: u64 = 20;
+/// Magic, version, header length (`format::blz_prelude`).
+pub const PRELUDE_LEN: u64 = blz_prelude::LEN;
 /// Headers larger than this are refused (they would embed absurd sidecars).
 pub const MAX_HEADER_LEN: u64 = 1 << 30;
 /// The largest raw block a reader accepts (the writer uses 1 MiB).
@@ -225,11 +226,7 @@ pub struct Parsed {
 
 /// The 20-byte prelude for a header of `len` bytes.
 pub fn render_prelude(header_len: u64) -> [u8; 20] {
-    let mut p = [0u8; 20];
-    p[..8].copy_from_slice(MAGIC);
-    p[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    p[12..20].copy_from_slice(&header_len.to_le_bytes());
-    p
+    blz_prelude::render(MAGIC, VERSION, header_len)
 }
 
 /// Renders the header JSON (compact), with `header_xxh3` computed over the
@@ -313,35 +310,28 @@ pub fn base64_decoded_len(s: &str) -> Option<u64> {
 /// Parses and validates the prelude and header of a whole archive.
 pub fn parse(bytes: &[u8]) -> Result<Parsed> {
     let file_len = bytes.len() as u64;
-    if file_len < PRELUDE_LEN {
-        return Err(BlzError::TooShort(file_len));
-    }
-    if &bytes[..8] != MAGIC {
-        return Err(BlzError::BadMagic(
-            String::from_utf8_lossy(&bytes[..8]).into_owned(),
-        ));
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
-        return Err(BlzError::UnsupportedVersion {
-            found: version,
+    let prelude = blz_prelude::parse(bytes, MAGIC, VERSION).map_err(|e| match e {
+        PreludeError::TooShort(n) => BlzError::TooShort(n),
+        PreludeError::BadMagic(m) => BlzError::BadMagic(m),
+        PreludeError::Version(found) => BlzError::UnsupportedVersion {
+            found,
             supported: VERSION,
-        });
-    }
-    let hlen = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
+        },
+    })?;
+    let hlen = prelude.header_len;
     if hlen > MAX_HEADER_LEN {
         return Err(BlzError::HeaderTooLarge {
             len: hlen,
             max: MAX_HEADER_LEN,
         });
     }
-    if hlen > file_len - PRELUDE_LEN {
+    if prelude.past_end(file_len) {
         return Err(BlzError::HeaderPastEnd {
             len: hlen,
             file: file_len,
         });
     }
-    let data_start = PRELUDE_LEN + hlen;
+    let data_start = prelude.data_start();
     let json = &bytes[PRELUDE_LEN as usize..data_start as usize];
     // serde allocates as it goes, infallibly: make sure its worst case fits
     // first (the caches give memory back if it does not).
