@@ -2,39 +2,47 @@
 //! a tokenizer.json): the vocabulary, scores and piece types GGUF's
 //! `tokenizer.ggml.model = llama` takes, read from the model's protobuf.
 //!
-//! Only the few fields needed are read (field numbers from
-//! sentencepiece_model.proto): `ModelProto.pieces` (1: piece string,
-//! 2: score float, 3: type enum), `trainer_spec` (2: model_type 3, unk_id
-//! 40, bos_id 41, eos_id 42, pad_id 43) and `normalizer_spec` (3:
-//! add_dummy_prefix 3); everything else is skipped by wire type. Parsed
-//! here rather than with a protobuf crate: prost needs the .proto compiled
-//! at build time for five fields, and the sentencepiece crates bind the
-//! C++ library. Every length is checked against the bytes left before
-//! it is used, and the piece count is bounded by the caller.
+//! The messages below are the part of sentencepiece_model.proto (proto2)
+//! that is read, with its field numbers and defaults, decoded by prost's
+//! derived `Message` (no .proto is compiled at build time):
+//! `ModelProto.pieces` (1: piece 1, score 2, type 3), `trainer_spec` (2:
+//! model_type 3, unk_id 40, bos_id 41, eos_id 42, pad_id 43) and
+//! `normalizer_spec` (3: add_dummy_prefix 3). prost skips every other
+//! field. Enum fields are read as their int32 wire values.
+//!
+//! The file is untrusted. prost checks every length against the bytes
+//! left, wire types against the fields, strings for UTF-8 and nesting
+//! depth; a piece type outside the enum is refused here. The pieces are
+//! counted before any is built (the same message with empty pieces, which
+//! take no memory), so a file of millions of tiny pieces is refused by the
+//! caller's bound instead of first growing a vector of them.
 
+use prost::Message;
 use std::fmt;
 
-/// A protobuf decoding error, with the offset it occurred at.
+/// Why a `tokenizer.model` was refused, with the offset decoding stopped
+/// at when the protobuf itself is malformed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct SpmError {
-    pub offset: usize,
+    pub offset: Option<usize>,
     pub what: String,
 }
 
 impl fmt::Display for SpmError {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "offset {}: {}", self.offset, self.what)
+        match self.offset {
+            Some(o) => write!(f, "offset {o}: {}", self.what),
+            None => f.write_str(&self.what),
+        }
     }
 }
-
-/// Piece type NORMAL (sentencepiece's types equal GGUF's token types:
-/// 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte).
-pub const NORMAL: i32 = 1;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Piece {
     pub text: String,
     pub score: f32,
+    /// sentencepiece's piece type, which equals GGUF's token type: 1
+    /// normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte.
     pub ty: i32,
 }
 
@@ -42,187 +50,118 @@ pub struct Piece {
 pub struct Spm {
     pub pieces: Vec<Piece>,
     /// TrainerSpec.model_type: 1 unigram, 2 BPE, 3 word, 4 char.
-    pub model_type: u64,
-    pub unk: i64,
-    pub bos: i64,
-    pub eos: i64,
-    pub pad: i64,
+    pub model_type: i32,
+    pub unk: i32,
+    pub bos: i32,
+    pub eos: i32,
+    pub pad: i32,
     pub add_dummy_prefix: bool,
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-    /// Offset of `b` in the whole file (for messages).
-    base: usize,
+/// `ModelProto`, the fields read.
+#[derive(Clone, PartialEq, Message)]
+struct ModelProto {
+    #[prost(message, repeated, tag = "1")]
+    pieces: Vec<SentencePiece>,
+    #[prost(message, optional, tag = "2")]
+    trainer_spec: Option<TrainerSpec>,
+    #[prost(message, optional, tag = "3")]
+    normalizer_spec: Option<NormalizerSpec>,
 }
 
-impl<'a> Reader<'a> {
-    fn err(&self, what: impl Into<String>) -> SpmError {
-        SpmError {
-            offset: self.base + self.pos,
-            what: what.into(),
-        }
-    }
-    fn done(&self) -> bool {
-        self.pos >= self.b.len()
-    }
-    fn varint(&mut self) -> Result<u64, SpmError> {
-        let mut v = 0u64;
-        for i in 0..10 {
-            let Some(&x) = self.b.get(self.pos) else {
-                return Err(self.err("truncated varint"));
-            };
-            self.pos += 1;
-            v |= ((x & 0x7f) as u64) << (7 * i);
-            if x & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(self.err("varint longer than 10 bytes"))
-    }
-    fn take(&mut self, n: u64) -> Result<Reader<'a>, SpmError> {
-        let left = (self.b.len() - self.pos) as u64;
-        if n > left {
-            return Err(self.err(format!("field of {n} bytes, {left} left")));
-        }
-        let start = self.pos;
-        self.pos += n as usize;
-        Ok(Reader {
-            b: &self.b[start..self.pos],
-            pos: 0,
-            base: self.base + start,
-        })
-    }
-    /// The next (field number, wire type).
-    fn key(&mut self) -> Result<(u64, u64), SpmError> {
-        let k = self.varint()?;
-        Ok((k >> 3, k & 7))
-    }
-    /// A field's value: varint, fixed 32/64 bits as u64, or bytes.
-    fn value(&mut self, wire: u64) -> Result<Value<'a>, SpmError> {
-        match wire {
-            0 => Ok(Value::Int(self.varint()?)),
-            1 => {
-                let r = self.take(8)?;
-                Ok(Value::Int(u64::from_le_bytes(r.b.try_into().unwrap())))
-            }
-            2 => {
-                let n = self.varint()?;
-                Ok(Value::Bytes(self.take(n)?))
-            }
-            5 => {
-                let r = self.take(4)?;
-                Ok(Value::Int(
-                    u32::from_le_bytes(r.b.try_into().unwrap()) as u64
-                ))
-            }
-            w => Err(self.err(format!("unsupported wire type {w}"))),
-        }
-    }
+/// `ModelProto` with each piece decoded as an empty message: the pieces
+/// counted without being stored.
+#[derive(Clone, PartialEq, Message)]
+struct PieceCount {
+    #[prost(message, repeated, tag = "1")]
+    pieces: Vec<()>,
 }
 
-enum Value<'a> {
-    Int(u64),
-    Bytes(Reader<'a>),
+/// `ModelProto.SentencePiece`.
+#[derive(Clone, PartialEq, Message)]
+struct SentencePiece {
+    #[prost(string, optional, tag = "1")]
+    piece: Option<String>,
+    #[prost(float, optional, tag = "2")]
+    score: Option<f32>,
+    /// `Type`, NORMAL (1) by default.
+    #[prost(int32, optional, tag = "3", default = "1")]
+    kind: Option<i32>,
+}
+
+/// `TrainerSpec`, the fields read.
+#[derive(Clone, PartialEq, Message)]
+struct TrainerSpec {
+    /// `ModelType`, UNIGRAM (1) by default.
+    #[prost(int32, optional, tag = "3", default = "1")]
+    model_type: Option<i32>,
+    #[prost(int32, optional, tag = "40", default = "0")]
+    unk_id: Option<i32>,
+    #[prost(int32, optional, tag = "41", default = "1")]
+    bos_id: Option<i32>,
+    #[prost(int32, optional, tag = "42", default = "2")]
+    eos_id: Option<i32>,
+    #[prost(int32, optional, tag = "43", default = "-1")]
+    pad_id: Option<i32>,
+}
+
+/// `NormalizerSpec`, the field read.
+#[derive(Clone, PartialEq, Message)]
+struct NormalizerSpec {
+    #[prost(bool, optional, tag = "3", default = "true")]
+    add_dummy_prefix: Option<bool>,
+}
+
+/// Decodes `b` as `M`; an error names the offset decoding stopped at.
+fn decode<M: Message + Default>(b: &[u8]) -> Result<M, SpmError> {
+    let mut rest = b;
+    let mut m = M::default();
+    m.merge(&mut rest).map_err(|e| SpmError {
+        offset: Some(b.len() - rest.len()),
+        what: e.to_string(),
+    })?;
+    Ok(m)
 }
 
 /// Parses a `tokenizer.model`; at most `max_pieces` pieces.
 pub fn parse(b: &[u8], max_pieces: usize) -> Result<Spm, SpmError> {
-    let mut spm = Spm {
-        pieces: Vec::new(),
-        model_type: 1,
-        unk: 0,
-        bos: 1,
-        eos: 2,
-        pad: -1,
-        add_dummy_prefix: true,
-    };
-    let mut r = Reader { b, pos: 0, base: 0 };
-    while !r.done() {
-        let at = r.pos;
-        let (field, wire) = r.key()?;
-        let v = r.value(wire)?;
-        match (field, v) {
-            (1, Value::Bytes(p)) => {
-                if spm.pieces.len() >= max_pieces {
-                    return Err(SpmError {
-                        offset: at,
-                        what: format!("more than {max_pieces} pieces"),
-                    });
-                }
-                spm.pieces.push(piece(p)?);
-            }
-            (2, Value::Bytes(mut t)) => {
-                while !t.done() {
-                    let (f, w) = t.key()?;
-                    if let (f @ (3 | 40 | 41 | 42 | 43), Value::Int(x)) = (f, t.value(w)?) {
-                        // int32 fields: negative values are 10-byte varints.
-                        let x = x as i64 as i32 as i64;
-                        match f {
-                            3 => spm.model_type = x as u64,
-                            40 => spm.unk = x,
-                            41 => spm.bos = x,
-                            42 => spm.eos = x,
-                            _ => spm.pad = x,
-                        }
-                    }
-                }
-            }
-            (3, Value::Bytes(mut n)) => {
-                while !n.done() {
-                    let (f, w) = n.key()?;
-                    if let (3, Value::Int(x)) = (f, n.value(w)?) {
-                        spm.add_dummy_prefix = x != 0;
-                    }
-                }
-            }
-            (1..=3, Value::Int(_)) => {
-                return Err(SpmError {
-                    offset: at,
-                    what: format!("field {field} is not a message"),
-                })
-            }
-            _ => {}
-        }
+    let refused = |what: String| SpmError { offset: None, what };
+    if decode::<PieceCount>(b)?.pieces.len() > max_pieces {
+        return Err(refused(format!("more than {max_pieces} pieces")));
     }
-    if spm.pieces.is_empty() {
-        return Err(SpmError {
-            offset: 0,
-            what: "no pieces: not a SentencePiece model".into(),
-        });
+    let m: ModelProto = decode(b)?;
+    if m.pieces.is_empty() {
+        return Err(refused("no pieces: not a SentencePiece model".into()));
     }
-    Ok(spm)
-}
-
-fn piece(mut p: Reader) -> Result<Piece, SpmError> {
-    let mut out = Piece {
-        text: String::new(),
-        score: 0.0,
-        ty: NORMAL,
-    };
-    while !p.done() {
-        let at = p.pos;
-        let (f, w) = p.key()?;
-        match (f, p.value(w)?) {
-            (1, Value::Bytes(s)) => {
-                out.text = String::from_utf8(s.b.to_vec()).map_err(|_| SpmError {
-                    offset: s.base,
-                    what: "piece is not UTF-8".into(),
-                })?;
+    let pieces = m
+        .pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let ty = p.kind();
+            if !(1..=6).contains(&ty) {
+                return Err(refused(format!(
+                    "piece {i}: type {ty} is not a SentencePiece piece type (1 to 6)"
+                )));
             }
-            (2, Value::Int(x)) if w == 5 => out.score = f32::from_bits(x as u32),
-            (3, Value::Int(x)) if (1..=6).contains(&x) => out.ty = x as i32,
-            (1..=3, _) => {
-                return Err(SpmError {
-                    offset: p.base + at,
-                    what: format!("piece field {f} of the wrong type"),
-                })
-            }
-            _ => {}
-        }
-    }
-    Ok(out)
+            Ok(Piece {
+                score: p.score(),
+                text: p.piece.unwrap_or_default(),
+                ty,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let t = m.trainer_spec.unwrap_or_default();
+    let n = m.normalizer_spec.unwrap_or_default();
+    Ok(Spm {
+        pieces,
+        model_type: t.model_type(),
+        unk: t.unk_id(),
+        bos: t.bos_id(),
+        eos: t.eos_id(),
+        pad: t.pad_id(),
+        add_dummy_prefix: n.add_dummy_prefix(),
+    })
 }
 
 #[cfg(test)]
