@@ -5,7 +5,7 @@
 //! and every hostile header of issue 12 must fail in one line naming what
 //! is wrong, with nothing written outside the output directory.
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, ckptfs_limited, venv_python, ModelDir};
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 //! damaged, hostile headers refused by name, the raw layout read by a
 //! stdlib-only Python script, and golden bytes.
 
-mod common;
+use crate::common;
 use ckptfs::archive::{plan, verify, ArchiveView, BlzArchive};
 use ckptfs::format::blz::{
     self, BlobEntry, BlockEntry, BlzError, Content, Digest, Encoding, FileEntry, Header, Stored,

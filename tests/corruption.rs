@@ -1,7 +1,7 @@
 //! Corrupt input gives a clean error: no panic, no hang, no allocation from
 //! a lying length. ckptfs-written files detect every flipped byte.
 
-mod common;
+use crate::common;
 use ckptfs::archive::{ArchiveError, ArchiveView, ZstnArchive};
 use ckptfs::pack::{pack, PackOptions};
 use common::*;

@@ -5,7 +5,7 @@
 //! a missing, different or damaged base and a damaged delta give a clean
 //! error, never wrong bytes.
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, delta_pair, venv_python};
 use std::path::{Path, PathBuf};

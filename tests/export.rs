@@ -1,7 +1,7 @@
 //! `list`, `extract` and `export` on every kind of model ckptfs reads: a
 //! model directory, a `.blz`, a `.zstn` and a plain `.safetensors`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

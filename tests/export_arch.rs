@@ -4,7 +4,7 @@
 //! is), and BPE tokenizers get llama.cpp's pre-tokenizer name, so
 //! llama.cpp does not fall back to its default split with a warning.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! each tolerance is what it is). Its q4_k, q8_0 and q4_0 tensors are
 //! byte-identical to llama.cpp's own quantiser's.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -5,7 +5,7 @@
 //! doc/FORMAT.md) and update the expected digest or files; readers must keep
 //! reading the old version.
 
-mod common;
+use crate::common;
 use ckptfs::pack::{pack, Compat, PackOptions};
 use common::*;
 use std::fs;

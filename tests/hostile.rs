@@ -13,7 +13,7 @@
 //! limit, the daemon is put under it too and its `VmHWM` is asserted. The mount tests need root and /dev/fuse, as the other
 //! real-mount tests do.
 
-mod common;
+use crate::common;
 
 use common::{pack, safetensors_file, z4ai_opaque_frame, zstd_rle_frame, zstn_of_frames};
 use common::{Aligned, Mount, Rng};

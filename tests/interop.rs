@@ -2,7 +2,7 @@
 //! decodes every file ckptfs writes with `--compat z4ai`, byte for byte,
 //! and ckptfs reads its default files (split-float frames) exactly.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::PathBuf;
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! a live store". The same copy without the hold is taken beside it and its
 //! result printed (not asserted: whether it loses a file is a race).
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, gauss_bf16, safetensors_file, Mount, Rng};
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 //! hostile header makes the directory EIO; and transformers loads a
 //! mounted all-MiniLM-L6-v2 exactly as the original.
 
-mod common;
+use crate::common;
 
 use common::{venv_python, ModelDir, Mount};
 use serde_json::Value;

@@ -5,7 +5,7 @@
 //! reads that need it, and an unparseable `.blz` is a directory whose
 //! listing fails with EIO and a log line naming it.
 
-mod common;
+use crate::common;
 
 use ckptfs::format::blz::{self as blzfmt, Content, Stored};
 use common::{vectors_dir, ModelDir, Mount, SHARD1, SHARD2};

@@ -7,7 +7,7 @@
 //!
 //! Needs root and /dev/fuse, as the other mount tests.
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, daemon_stats, delta_pair, getxattr, Aligned, Mount, Rng};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};

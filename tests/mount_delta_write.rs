@@ -7,7 +7,7 @@
 //!
 //! Needs root and /dev/fuse, as the other mount tests.
 
-mod common;
+use crate::common;
 
 use common::{
     ckptfs, gauss_bf16, gauss_f32, getxattr, run_as_nobody, safetensors_file, Mount, Rng,

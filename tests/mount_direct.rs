@@ -2,7 +2,7 @@
 //! fcntl(F_SETFL) after open (GNU dd does that for its last partial
 //! block): unaligned I/O must then work as on the backing filesystem.
 
-mod common;
+use crate::common;
 
 use common::{gauss_bf16, safetensors_file, Mount, Rng};
 use std::fs::OpenOptions;

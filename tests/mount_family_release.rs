@@ -7,7 +7,7 @@
 //! Checkpoints of 16 MiB (bf16, blocks of 1 MiB). Needs root and
 //! /dev/fuse, as the other mount tests.
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, gauss_bf16, safetensors_file, Mount, Rng};
 use std::path::Path;

@@ -18,7 +18,7 @@
 //! what the file should hold to `target/tmp/fsx-NAME/NAME.fsxgood`; rerun
 //! one failure by hand with the command line the panic message prints.
 
-mod common;
+use crate::common;
 
 use common::{Aligned, Mount};
 use std::io::Read;

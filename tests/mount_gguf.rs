@@ -4,7 +4,7 @@
 //! gguf --cast CAST`, and llama.cpp loads it from the mount; a directory
 //! that is not a supported model has no view.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -7,7 +7,7 @@
 //! with `HF_HUB_OFFLINE=1` loads from the mounted cache, after a remount too.
 //! Backs doc/SEMANTICS.md's "Safetensors content under any name".
 
-mod common;
+use crate::common;
 
 use common::Mount;
 use std::os::unix::fs::MetadataExt;

@@ -14,7 +14,7 @@
 //! still lists what it listed then. The root-only directory must be
 //! left exactly as it was. Needs root and /dev/fuse, as CI provides.
 
-mod common;
+use crate::common;
 
 use common::{run_as_nobody, Mount, NOBODY};
 use std::collections::BTreeMap;

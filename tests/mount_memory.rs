@@ -2,7 +2,7 @@
 //! about 100 MiB while a file four times larger than the cache streams
 //! through it.
 
-mod common;
+use crate::common;
 
 use common::{pack, Mount, Rng};
 use std::io::{Read, Write};

@@ -7,7 +7,7 @@
 //! block once: the daemon's counters (`user.ckptfs.stats` on the mount's
 //! root) say how many blocks it decoded and how many more than once.
 
-mod common;
+use crate::common;
 
 use common::{daemon_stats, pack, Mount, Rng};
 use std::io::Write;

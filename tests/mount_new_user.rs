@@ -3,7 +3,7 @@
 //! mounted, `umount` that must find the daemon from the mount, the modes
 //! of what the daemon creates, a `.blz` copied into the mount.
 
-mod common;
+use crate::common;
 
 use common::{bin, ckptfs, vectors_dir, Mount};
 use std::os::unix::fs::PermissionsExt;

@@ -2,7 +2,7 @@
 //! mounted by mount(8), the `-o` options, `ckptfs stats`, the Prometheus
 //! endpoint, a systemd unit and its commands, and logs in syslog.
 
-mod common;
+use crate::common;
 
 use common::{bin, ckptfs, gauss_bf16, pack, run_as_nobody, safetensors_file, Mount, Rng};
 use std::io::{Read, Write};

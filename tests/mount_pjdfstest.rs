@@ -7,7 +7,7 @@
 //! the mount has `--allow-other`), /dev/fuse, and `.tools/bin/pjdfstest`
 //! (`bash scripts/setup-test-env.sh` installs it).
 
-mod common;
+use crate::common;
 
 use common::Mount;
 use std::collections::BTreeMap;

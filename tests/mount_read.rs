@@ -2,7 +2,7 @@
 //! (or fusermount3) and /dev/fuse, as CI provides; `scripts/setup-test-env.sh`
 //! installs fuse3 and the Python venv.
 
-mod common;
+use crate::common;
 
 use common::{populate_store, vectors_dir, Aligned, Mount, Rng};
 use std::fs::File;

@@ -12,7 +12,7 @@
 //!
 //! Needs root and /dev/fuse, as the other mount tests.
 
-mod common;
+use crate::common;
 
 use common::{safetensors_file, Mount};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -4,7 +4,7 @@
 //! refused naming the first's pid; a killed daemon's lock is taken over),
 //! read-only mounts run beside the writer, and no listing hides a file.
 
-mod common;
+use crate::common;
 
 use common::{bin, gauss_bf16, safetensors_file, ModelDir, Rng};
 use std::collections::BTreeMap;

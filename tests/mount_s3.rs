@@ -5,7 +5,7 @@
 //! damaged cache refetched, and a network failure answered EIO, then
 //! recovered from. Real mounts: root and /dev/fuse, as CI provides.
 
-mod common;
+use crate::common;
 
 use common::s3::S3Server;
 use common::{gauss_bf16, populate_store, safetensors_file, Aligned, Mount, Rng};

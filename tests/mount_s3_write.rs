@@ -6,7 +6,7 @@
 //! the upload loses nothing, one writer and two read-only daemons agree,
 //! and a second writer is refused. Real mounts: root and /dev/fuse.
 
-mod common;
+use crate::common;
 
 use common::s3::S3Server;
 use common::{bin, spool_entries, venv_python, Mount};

@@ -4,7 +4,7 @@
 //! compression, out-of-space, and `.blz` directories staying read-only.
 //! Each test backs a rule of doc/SEMANTICS.md.
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, Mount};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -6,7 +6,7 @@
 //!
 //! Needs root and /dev/fuse, as the other mount tests.
 
-mod common;
+use crate::common;
 
 use common::{populate_store, Mount};
 use std::ffi::CString;

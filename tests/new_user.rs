@@ -2,7 +2,7 @@
 //! store, messages for files that are not what a command expects, `info`
 //! of a model directory or a `.safetensors`, `unpack -o -`.
 
-mod common;
+use crate::common;
 
 use common::{ckptfs, vectors_dir};
 use std::path::Path;

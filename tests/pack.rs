@@ -1,7 +1,7 @@
 //! The writer: exact round trips for every dtype and shape, bounded size,
 //! sub-tensor random access, atomic and validated CLI packing.
 
-mod common;
+use crate::common;
 use ckptfs::archive::{read_with, ArchiveError, ArchiveView, BlockKey, ZstnArchive};
 use ckptfs::format::safetensors::Dtype;
 use ckptfs::pack::{pack, PackOptions};

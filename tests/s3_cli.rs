@@ -1,7 +1,7 @@
 //! `ckptfs pack -r DIR -o s3://...` and `info`/`verify`/`unpack` of
 //! `s3://` URLs, against moto's server on 127.0.0.1 (`tests/s3_server.py`).
 
-mod common;
+use crate::common;
 
 use common::s3::S3Server;
 use common::{bin, vectors_dir};

@@ -3,7 +3,7 @@
 //! ckptfs and in z4ai 0.2.0), every flipped byte of it is detected, and the
 //! ways seal refuses leave the file as it was.
 
-mod common;
+use crate::common;
 use ckptfs::archive::{self, ArchiveView, ZstnArchive};
 use ckptfs::format::frame::Frame;
 use ckptfs::format::zstn::{self, Layout, RecordKind};

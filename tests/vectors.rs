@@ -1,7 +1,7 @@
 //! Every z4ai-written vector decodes byte-identical to its original: through
 //! `ckptfs unpack`, tensor by tensor, and through random byte-range reads.
 
-mod common;
+use crate::common;
 use ckptfs::archive::{ArchiveView, ZstnArchive};
 use common::*;
 

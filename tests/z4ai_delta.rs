@@ -6,7 +6,7 @@
 //! missing, truncated or damaged input, a one-line error, exit 1 and no
 //! output file.
 
-mod common;
+use crate::common;
 use common::{ckptfs, ckptfs_limited, pack, venv_python};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

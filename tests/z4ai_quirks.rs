@@ -5,7 +5,7 @@
 //! never defaults its output to its input; kinds of z4ai frames ckptfs does
 //! not read are named in one line, not misreported.
 
-mod common;
+use crate::common;
 use common::{ckptfs, venv_python};
 use std::path::Path;
 use std::process::Command;
