@@ -1,7 +1,7 @@
 //! Golden bytes of the on-disk formats ckptfs writes: ZSTN v3 + CKX1 v1
 //! (a digest) and `.blz` v1 (committed files in tests/data/golden). If this
 //! fails after a change, the bytes on disk changed: if that was intended,
-//! bump that format's version (src/format/ckx.rs or src/format/blz.rs, and
+//! bump that format's version (crates/format/src/ckx.rs or crates/format/src/blz/mod.rs, and
 //! doc/FORMAT.md) and update the expected digest or files; readers must keep
 //! reading the old version.
 
@@ -265,7 +265,7 @@ fn blz_packed_bytes_are_stable() {
         if *got != want {
             let at = got.iter().zip(&want).position(|(a, b)| a != b);
             panic!(
-                "the .blz bytes changed: bump the format version (src/format/blz.rs, \
+                "the .blz bytes changed: bump the format version (crates/format/src/blz/mod.rs, \
                  doc/FORMAT.md) if intended, then rewrite the golden files with \
                  CKPTFS_BLESS=1 cargo test --test golden. {golden}: {} bytes, \
                  golden {} bytes, first difference at {}",

@@ -673,7 +673,7 @@ fn damaged_header_fails_that_archive_only() {
 /// check out, so only the header digest (checked at open) and the tensor's
 /// own xxh3 can tell. The mount must answer EIO for that tensor, never the
 /// other tensor's bytes (this once served them; see `trusted` in
-/// src/blz.rs).
+/// crates/archive/src/blz.rs).
 #[test]
 fn damaged_blob_reference_in_header_gives_eio_not_other_bytes() {
     let f = fixture();

@@ -1,3 +1,8 @@
+//! **ckptfs-archive**: the readers. Depends on `ckptfs-format`,
+//! `ckptfs-codec` and `ckptfs-store`; beside the archive kinds it holds
+//! [`cache`] (the block cache every reader of a mount shares) and
+//! [`z4delta`] (z4ai's own delta files, read for the CLI).
+//!
 //! Opened archives, whatever their kind, behind one trait.
 //!
 //! An archive presents one or more *files* (a `.zstn` presents one, the

@@ -1,12 +1,12 @@
 //! Decoding of the frames that `format::frame` parses: a whole frame
-//! ([`Frame::decode`]), or an element range of a frame whose planes are all
-//! block-structured ([`ElementAccess::decode_elements`], with the rANS
-//! tables of its planes decoded once per frame by
-//! [`ElementAccess::load_tables`]).
+//! ([`DecodeFrame::decode`]), or an element range of a frame whose planes
+//! are all block-structured ([`DecodeElements::decode_elements`], with the
+//! rANS tables of its planes decoded once per frame by
+//! [`DecodeElements::load_tables`]).
 //!
-//! These are inherent methods of the format's types, written here so that
-//! `format` stays pure parsing (no decoder, no rayon) while callers keep
-//! writing `frame.decode(out)`.
+//! These are traits implemented here on the format's types, so that
+//! `ckptfs-format` stays pure parsing (no decoder, no rayon) while callers
+//! keep writing `frame.decode(out)` (with the trait in scope).
 //!
 //! Invariants: output goes into a caller-sized buffer whose length is
 //! checked against the parsed structure before anything is decoded; a
@@ -23,6 +23,7 @@ use ckptfs_format::frame::{
 };
 use std::borrow::Cow;
 
+/// Decoding of a whole [`Frame`].
 pub trait DecodeFrame {
     fn decode(&self, out: &mut [u8]) -> Result<()>;
 }
@@ -307,6 +308,7 @@ impl DecodeZ4ai for Z4aiFrame<'_> {
     }
 }
 
+/// Decoding of an element range of a block-structured frame.
 pub trait DecodeElements {
     fn load_tables(&self) -> Result<RansTables>;
     fn decode_elements(&self, a: u64, b: u64, tables: &RansTables, out: &mut [u8]) -> Result<()>;

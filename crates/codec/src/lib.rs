@@ -1,3 +1,5 @@
+//! **ckptfs-codec**: the codecs. Depends on `ckptfs-format` only.
+//!
 //! Pure codecs: transforms (byte-plane, bit-field, split-float in `split`),
 //! zstd glue, rANS (z4ai's coders in `rans`, ckptfs's 32-state coder of
 //! plane method 6 in `rans32`), and the decoding of the frames

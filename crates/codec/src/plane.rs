@@ -71,6 +71,7 @@ pub fn decode_plane(method: u8, payload: &[u8], out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// Decoding of one block of a block-structured zstd plane.
 pub trait DecodeZstdBlock {
     fn decode_block(&self, i: usize, out: &mut [u8]) -> Result<()>;
 }
@@ -82,6 +83,7 @@ impl DecodeZstdBlock for ZstdBlocks<'_> {
     }
 }
 
+/// Decoding of a byte range of a block-structured plane.
 pub trait DecodePlaneRange {
     fn decode_range(
         &self,

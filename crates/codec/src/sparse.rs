@@ -39,6 +39,7 @@ pub struct SparseIndex {
     tail: Vec<u8>,
 }
 
+/// The rank index of a sparse frame, for range decoding.
 pub trait SparseFrameIndex {
     fn index(&self) -> Result<SparseIndex>;
 }

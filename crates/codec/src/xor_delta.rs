@@ -9,6 +9,7 @@ use crate::frame::DecodeFrame;
 use crate::{CodecError, Result};
 use ckptfs_format::z4dl::Z4dl;
 
+/// Decoding of a Z4DL delta against its reference.
 pub trait DecodeXor {
     fn decode(&self, reference: &[u8], out: &mut [u8]) -> Result<()>;
 }

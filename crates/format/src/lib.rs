@@ -1,10 +1,14 @@
+//! **ckptfs-format**, the bottom layer: bytes on disk, no codec.
+//!
 //! Pure parsing and rendering of on-disk formats. No I/O.
 //!
 //! Everything here works on byte slices and checks every length against the
 //! bytes that hold it before trusting it. This is the bottom layer: it uses
-//! no other ckptfs module and no thread pool. `codec` decodes what is parsed
-//! here (it adds the `decode*` methods of frames and plane payloads), so
-//! nothing here may depend on `codec`.
+//! no other ckptfs crate and no thread pool. `ckptfs-codec` decodes what is
+//! parsed here (through traits it implements on these types, such as
+//! `DecodeFrame`), so nothing here may depend on it. Two primitives every
+//! layer above uses live here too: [`memory`] (allocations sized by
+//! untrusted lengths) and [`fsutil`] (durable file replacement).
 
 pub mod blazex;
 pub mod blz;

@@ -1,5 +1,9 @@
+//! **ckptfs-fs**: the filesystem, the top layer below the command line.
+//! Depends on every other crate; nothing depends on it but the `ckptfs`
+//! binary.
+//!
 //! `CheckpointFs`: the filesystem logic of `ckptfs mount`, with no FUSE in
-//! it. `crate::fuse` is a thin adapter that converts fuser types and calls
+//! it. [`fuse`] is a thin adapter that converts fuser types and calls
 //! these methods; tests drive them directly, without a mount.
 //!
 //! The mount presents STORE: `X.zstn` / `X.safetensors.zstn` as

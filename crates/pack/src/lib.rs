@@ -1,3 +1,7 @@
+//! **ckptfs-pack**: the writers, [`export`] (plain safetensors, GGUF) and
+//! [`model`] (a model directory or archive as tensors). Depends on
+//! `ckptfs-format`, `ckptfs-codec`, `ckptfs-store` and `ckptfs-archive`.
+//!
 //! The writers: what `ckptfs pack` produces.
 //!
 //! - [`tensor`]: the per-tensor encoder. One tensor's bytes in, one z4ai
@@ -17,7 +21,7 @@
 //! - [`seal`]: a z4ai-written `.zstn` in, the same file with ckptfs's CKX1
 //!   checksum block added out (frames untouched). [`seal_file`].
 //!
-//! This module holds the types the writers share with their callers:
+//! The crate root holds the types the writers share with their callers:
 //! options, statistics, and the error of the encoder and the `.zstn` writer.
 //! Writers build on `format` and `codec` and know nothing of the mount.
 //! Their output bytes for a fixed input are pinned (`.zstn` by

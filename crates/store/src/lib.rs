@@ -1,3 +1,6 @@
+//! **ckptfs-store**: object storage. Depends on `ckptfs-format` only (its
+//! durable writes and digests); the archive readers above fetch through it.
+//!
 //! Where a store's bytes come from when it is not a local directory:
 //! object storage through the S3 API.
 //!

@@ -28,6 +28,7 @@ use std::ops::Range;
 // Method 4
 // ---------------------------------------------------------------------------
 
+/// Decoding of an adaptive rANS payload.
 pub trait AdaptiveDecode {
     fn freq_tables(&self) -> Result<Vec<FreqTable>>;
     fn decode_chunk(&self, j: usize, table: &FreqTable, out: &mut [u8]) -> Result<()>;
@@ -159,6 +160,7 @@ impl DecodeTables {
     }
 }
 
+/// Range and table decoding of an adaptive rANS payload.
 pub trait AdaptiveDecodeMore {
     fn span(&self, js: &Range<usize>) -> Range<u64>;
     fn decode_chunks(&self, js: Range<usize>, tables: &DecodeTables, out: &mut [u8]) -> Result<()>;
