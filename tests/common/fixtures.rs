@@ -52,6 +52,23 @@ pub fn safetensors_file(
     f
 }
 
+/// The tensors of safetensors file `bytes` in the order its header lists
+/// them, as (name, dtype, shape, bytes): what `safetensors_file` takes.
+pub fn tensors_in(bytes: &[u8]) -> Vec<(String, String, Vec<u64>, Vec<u8>)> {
+    let (h, data) = ckptfs::format::safetensors::split_file(bytes).unwrap();
+    h.tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dtype.clone(),
+                t.shape.clone(),
+                data[t.begin as usize..t.end as usize].to_vec(),
+            )
+        })
+        .collect()
+}
+
 /// N(0, sigma) bf16 bytes.
 pub fn gauss_bf16(rng: &mut Rng, n: usize, sigma: f64) -> Vec<u8> {
     let mut v = Vec::with_capacity(n * 2);

@@ -174,6 +174,26 @@ pub fn run_test_script(name: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `tests/blazex_tool.py CMD PATHS ARGS` in the test venv, which must
+/// succeed: the independent BLAZE-X writer and reader (pack, export,
+/// patch), written from the layout alone.
+pub fn blazex_tool(cmd: &str, paths: &[&Path], args: &[&str]) -> Output {
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blazex_tool.py");
+    let out = Command::new(venv_python())
+        .arg(tool)
+        .arg(cmd)
+        .args(paths)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "blazex_tool.py {cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// uid and gid of `nobody`, the unprivileged user of the permission tests.
 pub const NOBODY: u32 = 65534;
 
