@@ -194,6 +194,34 @@ pub fn blazex_tool(cmd: &str, paths: &[&Path], args: &[&str]) -> Output {
     out
 }
 
+/// Runs the generator `tests/NAME` (a Python script in the test venv) with
+/// `dir` as its output directory; it must succeed.
+pub fn run_generator(name: &str, dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
+    let st = Command::new(venv_python())
+        .arg(script)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "the generator failed");
+}
+
+/// A tool that `scripts/setup-test-env.sh` installs into `.tools/bin`.
+pub fn installed_tool(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".tools/bin")
+        .join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `bash scripts/setup-test-env.sh` (it installs fsx and \
+         pjdfstest from crates.io into .tools/)",
+        p.display()
+    );
+    p
+}
+
 /// The names in directory `dir`, sorted.
 pub fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
