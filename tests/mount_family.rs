@@ -19,6 +19,30 @@ use std::time::{Duration, Instant};
 
 const DELTA: &[&str] = &["--delta", "auto"];
 
+/// Saves the next `n` checkpoints of `run` as `step-K/model.safetensors`
+/// (K from 0); returns their bytes.
+fn save_steps(m: &Mount, run: &mut TrainingRun, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|step| {
+            let b = run.bytes();
+            m.save(&format!("step-{step}/model.safetensors"), &b, 300);
+            run.advance();
+            b
+        })
+        .collect()
+}
+
+/// Asserts that `step-K/model.safetensors` reads as `want[K]` for every K
+/// from `from` on.
+fn assert_steps(m: &Mount, want: &[Vec<u8>], from: usize) {
+    for (i, w) in want.iter().enumerate().skip(from) {
+        assert!(
+            m.read(&format!("step-{i}/model.safetensors")) == *w,
+            "step {i}"
+        );
+    }
+}
+
 /// The checkpoints kept, with their bytes, shared with the readers.
 type Kept = Arc<Mutex<Vec<(String, Arc<Vec<u8>>)>>>;
 
@@ -120,13 +144,7 @@ fn retention_deletes_leaves_and_readers_racing_the_rewriter_read_exact() {
 fn kill_9_during_a_family_rewrite_loses_nothing() {
     let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "family")]);
     let mut run = TrainingRun::new(11);
-    let mut want = Vec::new();
-    for step in 0..2 {
-        let b = run.bytes();
-        m.save(&format!("step-{step}/model.safetensors"), &b, 300);
-        want.push(b);
-        run.advance();
-    }
+    let mut want = save_steps(&m, &mut run, 2);
     m.wait_logged("test hook: paused at family", 1, 300);
     m.kill9();
     assert_eq!(
@@ -134,12 +152,7 @@ fn kill_9_during_a_family_rewrite_loses_nothing() {
         vec!["model.z4dm", "model.zstn"]
     );
     m.remount(DELTA);
-    for (i, w) in want.iter().enumerate() {
-        assert!(
-            m.read(&format!("step-{i}/model.safetensors")) == *w,
-            "step {i}"
-        );
-    }
+    assert_steps(&m, &want, 0);
     // The new daemon removes the shadowed delta (step-0 standalone again)
     // and settles step-1's family, which the killed one left unsettled.
     m.wait_logged("left shadowed by an interrupted rewrite; removed", 1, 300);
@@ -170,21 +183,11 @@ fn kill_9_during_a_family_rewrite_loses_nothing() {
         m.log_text()
     );
     std::fs::remove_dir_all(m.path("step-0")).unwrap();
-    for (i, w) in want.iter().enumerate().skip(1) {
-        assert!(
-            m.read(&format!("step-{i}/model.safetensors")) == *w,
-            "step {i}"
-        );
-    }
+    assert_steps(&m, &want, 1);
     verify_ok(&m.store);
     m.unmount();
     m.remount(&[]);
-    for (i, w) in want.iter().enumerate().skip(1) {
-        assert!(
-            m.read(&format!("step-{i}/model.safetensors")) == *w,
-            "step {i}"
-        );
-    }
+    assert_steps(&m, &want, 1);
 }
 
 /// The predecessor is the family member most like the new checkpoint by
@@ -293,13 +296,7 @@ fn shards_and_the_checkpoint_before_them_become_deltas() {
 fn families_queued_at_unmount_are_settled_at_the_next_mount() {
     let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_DELAY", "settle:4000")]);
     let mut run = TrainingRun::new(19);
-    let mut want = Vec::new();
-    for step in 0..2 {
-        let b = run.bytes();
-        m.save(&format!("step-{step}/model.safetensors"), &b, 300);
-        want.push(b);
-        run.advance();
-    }
+    let want = save_steps(&m, &mut run, 2);
     // Both committed; the family thread is still waiting before settling
     // step-0's family when the mount goes away.
     m.unmount();
@@ -318,11 +315,6 @@ fn families_queued_at_unmount_are_settled_at_the_next_mount() {
         m.log_text()
     );
     assert!(!m.store.join(".ckptfs-spool/family.pending").exists());
-    for (i, w) in want.iter().enumerate() {
-        assert!(
-            m.read(&format!("step-{i}/model.safetensors")) == *w,
-            "step {i}"
-        );
-    }
+    assert_steps(&m, &want, 0);
     verify_ok(&m.store);
 }
