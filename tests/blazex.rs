@@ -7,29 +7,19 @@
 
 use crate::common;
 
-use common::{ckptfs, ckptfs_limited, venv_python, ModelDir};
+use common::{blazex_tool, ckptfs, ckptfs_limited, ModelDir};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn tool() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blazex_tool.py")
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
 }
 
 /// `blazex_tool.py CMD A B`, which must succeed.
 fn py(cmd: &str, a: &Path, b: &Path) -> Output {
-    let out = Command::new(venv_python())
-        .arg(tool())
-        .args([cmd.as_ref(), a.as_os_str(), b.as_os_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "blazex_tool.py {cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    blazex_tool(cmd, &[a, b], &[])
 }
 
 /// A model directory with two shards, a tokenizer.json and a sidecar,
@@ -64,9 +54,21 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `o`, which must have succeeded (what it printed in the failure).
+fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
+/// The length of an archive's (or a patch's) header JSON, which starts at
+/// byte 20.
+fn header_len(bytes: &[u8]) -> usize {
+    u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize
+}
+
 /// Header JSON and data section of an archive.
 fn split(bytes: &[u8]) -> (Value, Vec<u8>) {
-    let hl = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+    let hl = header_len(bytes);
     (
         serde_json::from_slice(&bytes[20..20 + hl]).unwrap(),
         bytes[20 + hl..].to_vec(),
@@ -96,6 +98,17 @@ fn files_under(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Asserts that every file under `want` is under `got` with the same
+/// bytes (`why` follows the file's name in a failure).
+fn same_files(got: &Path, want: &Path, why: &str) {
+    for f in files_under(want) {
+        assert!(
+            fs::read(got.join(&f)).unwrap() == fs::read(want.join(&f)).unwrap(),
+            "{f}{why}"
+        );
+    }
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Ok(rd) = fs::read_dir(dir) {
@@ -113,8 +126,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn verify_unpack_and_info_agree_with_the_independent_reader() {
     let (tmp, _src, blz) = fixture();
-    let v = ckptfs(&["verify", blz.to_str().unwrap()]);
-    assert!(v.status.success(), "{}", text(&v));
+    let v = ok(ckptfs(&["verify", s(&blz)]));
     let line = String::from_utf8_lossy(&v.stdout);
     assert_eq!(line.lines().count(), 1, "{line}");
     assert!(line.starts_with("OK") && line.contains("xxh3") && line.contains("SHA-256"));
@@ -130,8 +142,7 @@ fn verify_unpack_and_info_agree_with_the_independent_reader() {
     let reference = tmp.path().join("ref");
     py("export", &blz, &reference);
     let out = tmp.path().join("out");
-    let u = ckptfs(&["unpack", blz.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    assert!(u.status.success(), "{}", text(&u));
+    ok(ckptfs(&["unpack", s(&blz), "-o", s(&out)]));
     assert_eq!(files_under(&out), files_under(&reference));
     assert_eq!(
         files_under(&out),
@@ -143,21 +154,15 @@ fn verify_unpack_and_info_agree_with_the_independent_reader() {
             "tokenizer.model"
         ]
     );
-    for f in files_under(&reference) {
-        assert!(
-            fs::read(out.join(&f)).unwrap() == fs::read(reference.join(&f)).unwrap(),
-            "{f} differs from the independent reader's"
-        );
-    }
+    same_files(&out, &reference, " differs from the independent reader's");
 
-    let i = ckptfs(&["info", blz.to_str().unwrap()]);
-    assert!(i.status.success(), "{}", text(&i));
-    let s = String::from_utf8_lossy(&i.stdout);
+    let i = ok(ckptfs(&["info", s(&blz)]));
+    let info = String::from_utf8_lossy(&i.stdout);
     assert!(
-        s.contains("BLAZE-X") && s.contains("model.layers.1.w"),
-        "{s}"
+        info.contains("BLAZE-X") && info.contains("model.layers.1.w"),
+        "{info}"
     );
-    let j = ckptfs(&["info", "--json", blz.to_str().unwrap()]);
+    let j = ckptfs(&["info", "--json", s(&blz)]);
     let j: Value = serde_json::from_slice(&j.stdout).unwrap();
     assert_eq!(
         j[0]["tensors"],
@@ -170,7 +175,7 @@ fn a_damaged_tensor_is_named_by_verify_and_unpack_writes_no_model() {
     let (tmp, _src, blz) = fixture();
     let bytes = fs::read(&blz).unwrap();
     let (h, _) = split(&bytes);
-    let hl = bytes.len() - split(&bytes).1.len();
+    let hl = 20 + header_len(&bytes);
     let t = h["tensors"]
         .as_array()
         .unwrap()
@@ -182,7 +187,7 @@ fn a_damaged_tensor_is_named_by_verify_and_unpack_writes_no_model() {
     bad[hl + t["data_offset"].as_u64().unwrap() as usize + 3] ^= 0x40;
     let p = tmp.path().join("bad.blz");
     fs::write(&p, &bad).unwrap();
-    let v = ckptfs(&["verify", p.to_str().unwrap()]);
+    let v = ckptfs(&["verify", s(&p)]);
     assert_eq!(v.status.code(), Some(1), "{}", text(&v));
     let line = String::from_utf8_lossy(&v.stdout);
     assert_eq!(line.lines().count(), 1, "{line}");
@@ -191,7 +196,7 @@ fn a_damaged_tensor_is_named_by_verify_and_unpack_writes_no_model() {
         "{line}"
     );
     let out = tmp.path().join("out");
-    let u = ckptfs(&["unpack", p.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let u = ckptfs(&["unpack", s(&p), "-o", s(&out)]);
     assert_eq!(u.status.code(), Some(1), "{}", text(&u));
     assert_eq!(String::from_utf8_lossy(&u.stderr).lines().count(), 1);
     assert!(text(&u).contains(name), "{}", text(&u));
@@ -338,7 +343,7 @@ fn hostile_headers_fail_in_one_line_and_write_nothing_outside() {
         let p = dir.join("bad.blz");
         fs::write(&p, &bad).unwrap();
         // Under an address-space limit: nothing is sized by a lying length.
-        let v = ckptfs_limited(&["verify", p.to_str().unwrap()], 2 << 30);
+        let v = ckptfs_limited(&["verify", s(&p)], 2 << 30);
         assert_eq!(v.status.code(), Some(1), "{what}: {}", text(&v));
         let line = String::from_utf8_lossy(&v.stdout);
         assert_eq!(line.lines().count(), 1, "{what}: {line}");
@@ -350,10 +355,7 @@ fn hostile_headers_fail_in_one_line_and_write_nothing_outside() {
         if what == "damaged data SHA-256" {
             continue; // unpack serves tensors by their own xxh3, as blazex export does
         }
-        let u = ckptfs_limited(
-            &["unpack", p.to_str().unwrap(), "-o", out.to_str().unwrap()],
-            2 << 30,
-        );
+        let u = ckptfs_limited(&["unpack", s(&p), "-o", s(&out)], 2 << 30);
         assert_ne!(u.status.code(), Some(0), "{what}: unpack succeeded");
         assert!(!text(&u).contains("panicked"), "{what}: {}", text(&u));
         assert_eq!(
@@ -377,23 +379,15 @@ fn hostile_headers_fail_in_one_line_and_write_nothing_outside() {
 }
 
 /// `ckptfs pack SRC -o OUT --format blazex`.
-fn pack_blazex(src: &Path, out: &Path) -> std::process::Output {
-    ckptfs(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--format",
-        "blazex",
-    ])
+fn pack_blazex(src: &Path, out: &Path) -> Output {
+    ckptfs(&["pack", s(src), "-o", s(out), "--format", "blazex"])
 }
 
 #[test]
 fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer() {
     let (tmp, src, theirs) = fixture();
     let ours = tmp.path().join("ours.blz");
-    let p = pack_blazex(&src, &ours);
-    assert!(p.status.success(), "{}", text(&p));
+    ok(pack_blazex(&src, &ours));
     let bytes = fs::read(&ours).unwrap();
     assert_eq!(&bytes[..12], b"BLAZXPK\n\x01\0\0\0");
     let (mut h, data) = split(&bytes);
@@ -410,8 +404,7 @@ fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer()
     h2["created_at"] = json!(0);
     assert_eq!(h, h2);
     // Pretty-printed, members in blazex's order.
-    let hl = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
-    let text_h = std::str::from_utf8(&bytes[20..20 + hl]).unwrap();
+    let text_h = std::str::from_utf8(&bytes[20..20 + header_len(&bytes)]).unwrap();
     assert!(
         text_h.starts_with("{\n  \"version\": 1,\n  \"created_at\": \""),
         "{text_h:.80}"
@@ -433,12 +426,7 @@ fn pack_format_blazex_is_read_by_the_independent_reader_and_matches_its_writer()
     let b = tmp.path().join("b");
     py("export", &ours, &a);
     py("export", &theirs, &b);
-    for f in files_under(&b) {
-        assert!(
-            fs::read(a.join(&f)).unwrap() == fs::read(b.join(&f)).unwrap(),
-            "{f}"
-        );
-    }
+    same_files(&a, &b, "");
     // Written atomically with a plain file's mode; refused when it exists.
     let again = pack_blazex(&src, &ours);
     assert_eq!(again.status.code(), Some(1), "{}", text(&again));
@@ -476,7 +464,6 @@ fn pack_format_blazex_refuses_a_dtype_it_cannot_name() {
 /// added (U16), one removed (`model.norm.weight`). Returns (tempdir,
 /// base.blz, target.blz, a tensor that is modified).
 fn patch_pair() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    use ckptfs::format::safetensors::split_file;
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
     let target = tmp.path().join("target");
@@ -489,21 +476,7 @@ fn patch_pair() -> (tempfile::TempDir, PathBuf, PathBuf) {
         edge_cases: false,
     }
     .write(&base);
-    let shard = |name: &str| -> Vec<(String, String, Vec<u64>, Vec<u8>)> {
-        let b = fs::read(base.join(name)).unwrap();
-        let (h, data) = split_file(&b).unwrap();
-        h.tensors
-            .iter()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    t.dtype.clone(),
-                    t.shape.clone(),
-                    data[t.begin as usize..t.end as usize].to_vec(),
-                )
-            })
-            .collect()
-    };
+    let shard = |name: &str| common::tensors_in(&fs::read(base.join(name)).unwrap());
     let write = |name: &str, ts: &[(String, String, Vec<u64>, Vec<u8>)]| {
         let v: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = ts
             .iter()
@@ -551,29 +524,39 @@ fn same_export(tmp: &Path, a: &Path, b: &Path) {
     py("export", a, &ea);
     py("export", b, &eb);
     assert_eq!(files_under(&ea), files_under(&eb));
-    for f in files_under(&eb) {
-        assert!(
-            fs::read(ea.join(&f)).unwrap() == fs::read(eb.join(&f)).unwrap(),
-            "{f}"
-        );
-    }
+    same_files(&ea, &eb, "");
 }
 
+/// `ckptfs diff A B -o PATCH`, which must succeed.
+fn diff(a: &Path, b: &Path, patch: &Path) -> Output {
+    ok(ckptfs(&["diff", s(a), s(b), "-o", s(patch)]))
+}
+
+/// `ckptfs apply BASE PATCH -o OUT`.
+fn apply(base: &Path, patch: &Path, out: &Path) -> Output {
+    ckptfs(&["apply", s(base), s(patch), "-o", s(out)])
+}
+
+/// Applies `patch` to `base` as `out`, which must succeed (`what` starts
+/// the failure message), and checks that `out` exports as `target` does
+/// (the exports go beside `out`).
+fn apply_matches(base: &Path, patch: &Path, out: &Path, target: &Path, what: &str) {
+    let a = apply(base, patch, out);
+    assert!(a.status.success(), "{what}{}", text(&a));
+    same_export(out.parent().unwrap(), out, target);
+}
+
+/// The independent writer's patch from `base` to `target` as `out`;
+/// `args`: FORMAT [SPLIT_NAME [BAD_NAME]] (a tensor to store as a
+/// SplitStream blob, one to give a wrong xxh3_new).
 fn patch_py(base: &Path, target: &Path, out: &Path, args: &[&str]) {
-    let o = Command::new(venv_python())
-        .arg(tool())
-        .arg("patch")
-        .args([base, target, out])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    blazex_tool("patch", &[base, target, out], args);
 }
 
 /// The BLXD encoding bytes of a patch's blobs.
 fn encodings(patch: &Path) -> Vec<u8> {
     let b = fs::read(patch).unwrap();
-    let ml = u64::from_le_bytes(b[12..20].try_into().unwrap()) as usize;
+    let ml = header_len(&b);
     let m: Value = serde_json::from_slice(&b[20..20 + ml]).unwrap();
     m["entries"]
         .as_array()
@@ -597,17 +580,8 @@ fn v1_and_v2_patches_with_every_open_encoding_apply_exactly() {
             assert_eq!(e, [0, 1, 2, 3, 5], "every open BLXD encoding");
         }
         let out = tmp.path().join(format!("out{fmt}.blz"));
-        let a = ckptfs(&[
-            "apply",
-            base.to_str().unwrap(),
-            patch.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ]);
-        assert!(a.status.success(), "v{fmt}: {}", text(&a));
-        same_export(tmp.path(), &out, &target);
-        let v = ckptfs(&["verify", out.to_str().unwrap()]);
-        assert!(v.status.success(), "{}", text(&v));
+        apply_matches(&base, &patch, &out, &target, &format!("v{fmt}: "));
+        ok(ckptfs(&["verify", s(&out)]));
     }
 }
 
@@ -615,32 +589,17 @@ fn v1_and_v2_patches_with_every_open_encoding_apply_exactly() {
 fn diff_then_apply_round_trips_with_open_encodings_and_a_summary() {
     let (tmp, base, target) = patch_pair();
     let patch = tmp.path().join("p.blzdiff");
-    let d = ckptfs(&[
-        "diff",
-        base.to_str().unwrap(),
-        target.to_str().unwrap(),
-        "-o",
-        patch.to_str().unwrap(),
-    ]);
-    assert!(d.status.success(), "{}", text(&d));
-    let s = String::from_utf8_lossy(&d.stderr);
+    let d = diff(&base, &target, &patch);
+    let summary = String::from_utf8_lossy(&d.stderr);
     assert!(
-        s.contains("unchanged, 4 modified, 1 added, 1 removed")
-            && s.contains("% of the full model"),
-        "{s}"
+        summary.contains("unchanged, 4 modified, 1 added, 1 removed")
+            && summary.contains("% of the full model"),
+        "{summary}"
     );
     assert_eq!(&fs::read(&patch).unwrap()[..12], b"BZXPTCH\n\x02\0\0\0");
     assert!(encodings(&patch).iter().all(|&e| e != 4), "no SplitStream");
     let out = tmp.path().join("out.blz");
-    let a = ckptfs(&[
-        "apply",
-        base.to_str().unwrap(),
-        patch.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(a.status.success(), "{}", text(&a));
-    same_export(tmp.path(), &out, &target);
+    apply_matches(&base, &patch, &out, &target, "");
 }
 
 #[test]
@@ -654,13 +613,7 @@ fn a_split_stream_blob_or_a_wrong_xxh3_new_fails_in_one_line_and_writes_nothing(
         let patch = tmp.path().join("bad.blzdiff");
         patch_py(&base, &target, &patch, &args);
         let out = tmp.path().join("never.blz");
-        let a = ckptfs(&[
-            "apply",
-            base.to_str().unwrap(),
-            patch.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ]);
+        let a = apply(&base, &patch, &out);
         assert_eq!(a.status.code(), Some(1), "{args:?}: {}", text(&a));
         let e = String::from_utf8_lossy(&a.stderr);
         assert_eq!(e.trim().lines().count(), 1, "{e}");
@@ -684,27 +637,12 @@ fn diff_and_apply_take_model_directories_and_ckptfs_archives_too() {
     // The two sides as the directories they came from.
     let (bdir, tdir) = (tmp.path().join("base"), tmp.path().join("target"));
     let patch = tmp.path().join("dirs.blzdiff");
-    let d = ckptfs(&[
-        "diff",
-        bdir.to_str().unwrap(),
-        tdir.to_str().unwrap(),
-        "-o",
-        patch.to_str().unwrap(),
-    ]);
-    assert!(d.status.success(), "{}", text(&d));
+    diff(&bdir, &tdir, &patch);
     // Applied to the base as a ckptfs .blz.
     let cblz = tmp.path().join("base.ckptfs.blz");
     common::pack(&bdir, &cblz);
     let out = tmp.path().join("out.blz");
-    let a = ckptfs(&[
-        "apply",
-        cblz.to_str().unwrap(),
-        patch.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(a.status.success(), "{}", text(&a));
-    same_export(tmp.path(), &out, &target);
+    apply_matches(&cblz, &patch, &out, &target, "");
     // No scratch directory is left beside the output.
     assert!(files_under(tmp.path())
         .iter()
@@ -728,12 +666,11 @@ fn every_flipped_header_byte_of_a_ckptfs_written_archive_fails_or_reads_the_orig
     use ckptfs::archive::BlazexArchive;
     let (tmp, src, _) = fixture();
     let ours = tmp.path().join("ours.blz");
-    let p = pack_blazex(&src, &ours);
-    assert!(p.status.success(), "{}", text(&p));
+    ok(pack_blazex(&src, &ours));
     let bytes = fs::read(&ours).unwrap();
     let good = read_all(&BlazexArchive::from_bytes(bytes.clone(), &ours).unwrap());
     assert!(good.iter().all(|(_, b)| b.is_some()));
-    let header_end = 20 + u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+    let header_end = 20 + header_len(&bytes);
     let (mut refused, mut wrong) = (0, Vec::new());
     for at in 0..header_end {
         for mask in [0x01u8, 0xff] {
@@ -767,11 +704,10 @@ fn an_archive_without_a_header_digest_says_so_and_seal_adds_one_blazex_still_rea
     let (tmp, _src, theirs) = fixture();
     let before = fs::read(&theirs).unwrap();
     // Written as blazex writes: verify says what no checksum covers.
-    let v = ckptfs(&["verify", theirs.to_str().unwrap()]);
-    assert!(v.status.success(), "{}", text(&v));
+    let v = ok(ckptfs(&["verify", s(&theirs)]));
     let out = String::from_utf8_lossy(&v.stdout);
     assert!(out.contains("NOT verified: the header"), "{out}");
-    let i = ckptfs(&["info", theirs.to_str().unwrap()]);
+    let i = ckptfs(&["info", s(&theirs)]);
     assert!(
         String::from_utf8_lossy(&i.stdout).contains("tensors only (xxh3)"),
         "{}",
@@ -783,12 +719,11 @@ fn an_archive_without_a_header_digest_says_so_and_seal_adds_one_blazex_still_rea
         .to_string();
     assert!(e.contains("ckptfs seal"), "{e}");
 
-    let s = ckptfs(&["seal", theirs.to_str().unwrap()]);
-    assert!(s.status.success(), "{}", text(&s));
+    let sealed = ok(ckptfs(&["seal", s(&theirs)]));
     assert!(
-        String::from_utf8_lossy(&s.stdout).contains("sealed (BLAZE-X"),
+        String::from_utf8_lossy(&sealed.stdout).contains("sealed (BLAZE-X"),
         "{}",
-        text(&s)
+        text(&sealed)
     );
     let after = fs::read(&theirs).unwrap();
     // Only the header grew: blazex's bytes, the digest member, the same data.
@@ -800,7 +735,7 @@ fn an_archive_without_a_header_digest_says_so_and_seal_adds_one_blazex_still_rea
         .shift_remove("ckptfs_header_xxh3")
         .unwrap();
     assert_eq!(h0, h1);
-    let v = ckptfs(&["verify", theirs.to_str().unwrap()]);
+    let v = ckptfs(&["verify", s(&theirs)]);
     let out = String::from_utf8_lossy(&v.stdout);
     assert!(
         v.status.success() && out.contains("header digest (ckptfs_header_xxh3) verified"),
@@ -813,18 +748,18 @@ fn an_archive_without_a_header_digest_says_so_and_seal_adds_one_blazex_still_rea
     let x = tmp.path().join("x");
     py("export", &theirs, &x);
     // Sealing again changes nothing.
-    let s = ckptfs(&["seal", theirs.to_str().unwrap()]);
+    let again = ckptfs(&["seal", s(&theirs)]);
     assert!(
-        String::from_utf8_lossy(&s.stdout).contains("already sealed"),
+        String::from_utf8_lossy(&again.stdout).contains("already sealed"),
         "{}",
-        text(&s)
+        text(&again)
     );
     assert!(fs::read(&theirs).unwrap() == after);
     // A flipped byte of the sealed header now fails the open, in one line.
     let mut bad = after.clone();
     bad[40] ^= 0x20;
     fs::write(&theirs, &bad).unwrap();
-    let v = ckptfs(&["verify", theirs.to_str().unwrap()]);
+    let v = ckptfs(&["verify", s(&theirs)]);
     assert_eq!(v.status.code(), Some(1), "{}", text(&v));
     assert!(
         String::from_utf8_lossy(&v.stdout).contains("header digest"),
@@ -849,19 +784,11 @@ fn apply_reproduces_the_target_archive_byte_for_byte() {
     let patch = tmp.path().join("p.blzdiff");
     patch_py(&base, &target, &patch, &["2"]);
     let out = tmp.path().join("out.blz");
-    let a = ckptfs(&[
-        "apply",
-        base.to_str().unwrap(),
-        patch.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(a.status.success(), "{}", text(&a));
+    ok(apply(&base, &patch, &out));
     let got = fs::read(&out).unwrap();
-    let hl = |b: &[u8]| u64::from_le_bytes(b[12..20].try_into().unwrap()) as usize;
     assert_eq!(
-        String::from_utf8_lossy(&got[20..20 + hl(&got)]),
-        String::from_utf8_lossy(&want[20..20 + hl(&want)])
+        String::from_utf8_lossy(&got[20..20 + header_len(&got)]),
+        String::from_utf8_lossy(&want[20..20 + header_len(&want)])
     );
     assert!(got == want, "the data sections differ");
 }

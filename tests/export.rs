@@ -57,20 +57,9 @@ fn ok(out: &std::process::Output) -> String {
 
 /// The bytes of every tensor of a safetensors file, by name.
 fn tensors_of(file: &Path) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
-    let bytes = fs::read(file).unwrap();
-    let (h, data) = ckptfs::format::safetensors::split_file(&bytes).unwrap();
-    h.tensors
-        .iter()
-        .map(|t| {
-            (
-                t.name.clone(),
-                (
-                    t.dtype.clone(),
-                    t.shape.clone(),
-                    data[t.begin as usize..t.end as usize].to_vec(),
-                ),
-            )
-        })
+    common::tensors_in(&fs::read(file).unwrap())
+        .into_iter()
+        .map(|(name, dtype, shape, bytes)| (name, (dtype, shape, bytes)))
         .collect()
 }
 

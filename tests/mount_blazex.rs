@@ -8,29 +8,12 @@
 
 use crate::common;
 
-use common::{venv_python, ModelDir, Mount};
+use common::{blazex_tool, venv_python, ModelDir, Mount};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn tool() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blazex_tool.py")
-}
-
-fn py(cmd: &str, a: &Path, b: &Path) {
-    let out = Command::new(venv_python())
-        .arg(tool())
-        .args([cmd.as_ref(), a.as_os_str(), b.as_os_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "blazex_tool.py {cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn header(bytes: &[u8]) -> (Value, usize) {
     let hl = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
@@ -62,9 +45,9 @@ fn blazex_archives_are_directories_with_exact_bytes_and_a_damaged_tensor_is_eio_
     .write(&src);
     fs::write(src.join("tokenizer.json"), "{\"model\": {}}").unwrap();
     let blz = tmp.path().join("m.blz");
-    py("pack", &src, &blz);
+    blazex_tool("pack", &[&src, &blz], &[]);
     let reference = tmp.path().join("ref");
-    py("export", &blz, &reference);
+    blazex_tool("export", &[&blz, &reference], &[]);
 
     let good = fs::read(&blz).unwrap();
     let (h, data_start) = header(&good);
@@ -174,7 +157,7 @@ fn transformers_loads_a_mounted_blazex_minilm_as_the_original() {
     let orig = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
     let tmp = tempfile::tempdir().unwrap();
     let blz = tmp.path().join("minilm.blz");
-    self::py("pack", &orig, &blz);
+    blazex_tool("pack", &[&orig, &blz], &[]);
     let bytes = fs::read(&blz).unwrap();
     let m = Mount::new(
         |store| fs::write(store.join("minilm.blz"), &bytes).unwrap(),

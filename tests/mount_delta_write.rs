@@ -10,13 +10,13 @@
 use crate::common;
 
 use common::{
-    ckptfs, gauss_bf16, gauss_f32, getxattr, run_as_nobody, safetensors_file, Mount, Rng,
+    ckptfs, gauss_bf16, gauss_f32, getxattr, names, run_as_nobody, safetensors_file, verify_ok,
+    Mount, Rng,
 };
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 const DELTA: &[&str] = &["--delta", "auto"];
 
@@ -74,26 +74,6 @@ impl Run {
     }
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    v.sort();
-    v
-}
-
-fn verify_ok(store: &Path) -> String {
-    let o = ckptfs(&["verify", store.to_str().unwrap()]);
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "verify STORE failed:\n{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
-
 fn setxattr(p: &Path, name: &str, value: &str) {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
@@ -116,14 +96,6 @@ fn setxattr(p: &Path, name: &str, value: &str) {
     );
 }
 
-/// Saves `bytes` as `rel` in the mount and waits for the commit.
-fn save(m: &Mount, rel: &str, bytes: &[u8]) {
-    let p = m.path(rel);
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(&p, bytes).unwrap();
-    m.wait_committed(120);
-}
-
 /// Saves `bytes` as `rel` naming `base` (`user.ckptfs.base`, relative to
 /// its directory): a delta against it. Does not wait.
 fn write_based(m: &Mount, rel: &str, bytes: &[u8], base: &str) {
@@ -141,27 +113,6 @@ fn save_based(m: &Mount, rel: &str, bytes: &[u8], base: &str) {
     m.wait_committed(120);
 }
 
-/// Waits until the log says `n` families were settled in all.
-fn wait_families(m: &Mount, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while m.log_text().matches("family settled").count() < n {
-        assert!(Instant::now() < deadline, "{}", m.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_log(m: &Mount, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !m.log_text().contains(what) {
-        assert!(
-            Instant::now() < deadline,
-            "never logged {what:?}: {}",
-            m.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Issue 47: the newest checkpoint standalone, older ones reverse deltas
 /// against their successor, a keyframe every 4 (`FAMILY_DEPTH` 3).
 #[test]
@@ -171,8 +122,8 @@ fn ten_checkpoints_are_deltas_and_read_back_exact() {
     let mut want = Vec::new();
     for step in 0..10 {
         let b = run.bytes();
-        save(&m, &format!("step-{step}/model.safetensors"), &b);
-        wait_families(&m, step + 1);
+        m.save(&format!("step-{step}/model.safetensors"), &b, 120);
+        m.wait_logged("family settled", step + 1, 120);
         want.push(b);
         run.advance();
     }
@@ -264,13 +215,13 @@ fn the_base_xattr_picks_the_base_and_without_delta_nothing_changes() {
     let mut m = Mount::new(|_| {}, DELTA);
     let mut run = Run::new(9);
     let a = run.bytes();
-    save(&m, "run/x/model.safetensors", &a);
+    m.save("run/x/model.safetensors", &a, 120);
     run.advance();
     let b = run.bytes();
-    save(&m, "run/y/model.safetensors", &b);
+    m.save("run/y/model.safetensors", &b, 120);
     run.advance();
     // x is now a delta against y (its successor, in the background).
-    wait_families(&m, 2);
+    m.wait_logged("family settled", 2, 120);
     let c = run.bytes();
     // Without the xattr, c would be stored standalone.
     let p = m.path("run/z/model.safetensors");
@@ -291,13 +242,13 @@ fn the_base_xattr_picks_the_base_and_without_delta_nothing_changes() {
     assert!(std::fs::read(&p).unwrap() == c);
     // A file with nothing in common is stored standalone.
     let other = safetensors_file(&[("q", "F32", vec![4], vec![1; 16])], None);
-    save(&m, "run/w/model.safetensors", &other);
+    m.save("run/w/model.safetensors", &other, 120);
     assert_eq!(names(&m.store.join("run/w")), vec!["model.zstn"]);
     verify_ok(&m.store);
     // Without --delta: standalone.
     m.unmount();
     m.remount(&[]);
-    save(&m, "run/v/model.safetensors", &c);
+    m.save("run/v/model.safetensors", &c, 120);
     assert_eq!(names(&m.store.join("run/v")), vec!["model.zstn"]);
 }
 
@@ -310,7 +261,7 @@ fn chain(m: &Mount, seed: u64) -> Vec<Vec<u8>> {
         let b = run.bytes();
         let rel = format!("step-{step}/model.safetensors");
         match step {
-            0 => save(m, &rel, &b),
+            0 => m.save(&rel, &b, 120),
             _ => save_based(
                 m,
                 &rel,
@@ -325,27 +276,14 @@ fn chain(m: &Mount, seed: u64) -> Vec<Vec<u8>> {
     want
 }
 
-/// Waits until `what` is in the daemon's log `n` times.
-fn wait_count(m: &Mount, what: &str, n: usize) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
-    while m.log_text().matches(what).count() < n {
-        assert!(std::time::Instant::now() < deadline, "{}", m.log_text());
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
-fn read(m: &Mount, rel: &str) -> Vec<u8> {
-    std::fs::read(m.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}: {}", m.log_text()))
-}
-
 #[test]
 fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
     let m = Mount::new(|_| {}, DELTA);
     let want = chain(&m, 21);
     // A directory rename: both relations cross it.
     std::fs::rename(m.path("step-1"), m.path("step-1b")).unwrap();
-    assert_eq!(read(&m, "step-1b/model.safetensors"), want[1]);
-    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert_eq!(m.read("step-1b/model.safetensors"), want[1]);
+    assert_eq!(m.read("step-2/model.safetensors"), want[2]);
     assert_eq!(
         getxattr(&m.path("step-2/model.safetensors"), "user.ckptfs.base").as_deref(),
         Some("../step-1b/model.z4dm")
@@ -366,8 +304,8 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
     // released; in the background step-1b is made standalone, step-2 now
     // depends on that.
     let fresh = Run::new(99).bytes();
-    save(&m, "step-0/renamed.safetensors", &fresh);
-    wait_count(&m, "released base removed", 1);
+    m.save("step-0/renamed.safetensors", &fresh, 120);
+    m.wait_logged("released base removed", 1, 300);
     assert_eq!(names(&m.store.join("step-1b")), vec!["model.zstn"]);
     assert_eq!(
         getxattr(&m.path("step-2/model.safetensors"), "user.ckptfs.base").as_deref(),
@@ -377,15 +315,15 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
     let o = ckptfs(&["info", m.store.join("step-2/model.z4dm").to_str().unwrap()]);
     let info = String::from_utf8_lossy(&o.stdout);
     assert!(info.contains("chain depth 1)"), "{info}");
-    assert_eq!(read(&m, "step-0/renamed.safetensors"), fresh);
-    assert_eq!(read(&m, "step-1b/model.safetensors"), want[1]);
-    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert_eq!(m.read("step-0/renamed.safetensors"), fresh);
+    assert_eq!(m.read("step-1b/model.safetensors"), want[1]);
+    assert_eq!(m.read("step-2/model.safetensors"), want[2]);
     verify_ok(&m.store);
     // Unlinking a base.
     std::fs::remove_file(m.path("step-1b/model.safetensors")).unwrap();
-    wait_count(&m, "released base removed", 2);
+    m.wait_logged("released base removed", 2, 300);
     assert_eq!(names(&m.store.join("step-2")), vec!["model.zstn"]);
-    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert_eq!(m.read("step-2/model.safetensors"), want[2]);
     verify_ok(&m.store);
     // Renaming another file onto a base.
     let mut run = Run::new(21);
@@ -400,14 +338,14 @@ fn unlink_overwrite_and_rename_of_bases_keep_dependents() {
         "../step-2/model.safetensors",
     );
     assert_eq!(names(&m.store.join("step-3")), vec!["model.z4dm"]);
-    save(&m, "other/model.safetensors", &fresh);
+    m.save("other/model.safetensors", &fresh, 120);
     std::fs::rename(
         m.path("other/model.safetensors"),
         m.path("step-2/model.safetensors"),
     )
     .unwrap();
-    assert_eq!(read(&m, "step-2/model.safetensors"), fresh);
-    assert_eq!(read(&m, "step-3/model.safetensors"), s3);
+    assert_eq!(m.read("step-2/model.safetensors"), fresh);
+    assert_eq!(m.read("step-3/model.safetensors"), s3);
     verify_ok(&m.store);
 }
 
@@ -416,7 +354,7 @@ fn kill_9_during_a_delta_commit_loses_nothing() {
     let mut m = Mount::with_env(|_| {}, DELTA, &[("CKPTFS_TEST_PAUSE", "delta-commit")]);
     let mut run = Run::new(31);
     let a = run.bytes();
-    save(&m, "step-0/model.safetensors", &a);
+    m.save("step-0/model.safetensors", &a, 120);
     run.advance();
     let b = run.bytes();
     write_based(
@@ -425,17 +363,17 @@ fn kill_9_during_a_delta_commit_loses_nothing() {
         &b,
         "../step-0/model.safetensors",
     );
-    wait_log(&m, "test hook: paused at delta-commit");
+    m.wait_logged("test hook: paused at delta-commit", 1, 120);
     m.kill9();
     // The delta is in place and the staged copy still there.
     assert_eq!(names(&m.store.join("step-1")), vec!["model.z4dm"]);
     assert!(!m.spool_entries().is_empty());
     m.remount(DELTA);
-    assert_eq!(read(&m, "step-1/model.safetensors"), b);
+    assert_eq!(m.read("step-1/model.safetensors"), b);
     m.wait_committed(120);
     assert_eq!(names(&m.store.join("step-1")), vec!["model.z4dm"]);
-    assert_eq!(read(&m, "step-0/model.safetensors"), a);
-    assert_eq!(read(&m, "step-1/model.safetensors"), b);
+    assert_eq!(m.read("step-0/model.safetensors"), a);
+    assert_eq!(m.read("step-1/model.safetensors"), b);
     verify_ok(&m.store);
 }
 
@@ -447,18 +385,18 @@ fn kill_9_while_a_dependent_is_rewritten_loses_nothing() {
     // background pauses with step-1's standalone copy installed next to
     // its delta.
     std::fs::remove_file(m.path("step-0/model.safetensors")).unwrap();
-    wait_log(&m, "test hook: paused at release");
+    m.wait_logged("test hook: paused at release", 1, 120);
     m.kill9();
     assert_eq!(
         names(&m.store.join("step-1")),
         vec!["model.z4dm", "model.zstn"]
     );
     m.remount(DELTA);
-    wait_count(&m, "released base removed", 1);
+    m.wait_logged("released base removed", 1, 300);
     assert_eq!(names(&m.store.join("step-1")), vec!["model.zstn"]);
     assert!(!m.path("step-0/model.safetensors").exists());
-    assert_eq!(read(&m, "step-1/model.safetensors"), want[1]);
-    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert_eq!(m.read("step-1/model.safetensors"), want[1]);
+    assert_eq!(m.read("step-2/model.safetensors"), want[2]);
     verify_ok(&m.store);
 }
 
@@ -468,15 +406,15 @@ fn kill_9_during_a_rename_of_a_base_loses_nothing() {
     let want = chain(&m, 51);
     let (from, to) = (m.path("step-1"), m.path("moved"));
     let mv = std::thread::spawn(move || std::fs::rename(from, to));
-    wait_log(&m, "test hook: paused at rename");
+    m.wait_logged("test hook: paused at rename", 1, 120);
     m.kill9();
     let _ = mv.join();
     // The rename happened; the trailers are rewritten at the next start.
     assert!(m.store.join("moved/model.z4dm").exists());
     m.remount(&[]);
-    assert_eq!(read(&m, "step-0/model.safetensors"), want[0]);
-    assert_eq!(read(&m, "moved/model.safetensors"), want[1]);
-    assert_eq!(read(&m, "step-2/model.safetensors"), want[2]);
+    assert_eq!(m.read("step-0/model.safetensors"), want[0]);
+    assert_eq!(m.read("moved/model.safetensors"), want[1]);
+    assert_eq!(m.read("step-2/model.safetensors"), want[2]);
     assert!(m.spool_entries().is_empty(), "{:?}", m.spool_entries());
     verify_ok(&m.store);
 }
@@ -576,8 +514,8 @@ fn a_base_the_writer_may_not_read_or_does_not_own_is_never_used() {
     // delta against it only where its owner may read it.
     run.advance();
     let roots = run.bytes();
-    save(&m, "run/root/model.safetensors", &roots);
-    wait_families(&m, 3);
+    m.save("run/root/model.safetensors", &roots, 120);
+    m.wait_logged("family settled", 3, 120);
     assert_eq!(
         names(&m.store.join("run/root")),
         vec!["model.zstn"],

@@ -9,64 +9,24 @@
 
 use crate::common;
 
-use common::{ckptfs, gauss_bf16, safetensors_file, Mount, Rng};
+use common::{verify_ok, Mount, TrainingRun};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const DELTA: &[&str] = &["--delta", "auto"];
 
-/// Four bf16 tensors of 4 MiB; each step moves three of them a little.
+/// The checkpoints of `steps` steps of a training run.
 fn run(seed: u64, steps: usize) -> Vec<Vec<u8>> {
-    let mut rng = Rng(seed | 1);
-    let mut t: Vec<Vec<u8>> = (0..4)
-        .map(|_| gauss_bf16(&mut rng, 2 << 20, 0.02))
-        .collect();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let names = ["embed", "l0.w", "l1.w", "head"];
-        let v: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = t
-            .iter()
-            .zip(names)
-            .map(|(b, n)| (n, "BF16", vec![2048, 1024], b.clone()))
-            .collect();
-        out.push(safetensors_file(&v, None));
-        for x in &mut t[1..] {
-            for e in x.chunks_mut(2) {
-                if rng.below(3) == 0 {
-                    e[0] ^= 1 << rng.below(3);
-                }
-            }
-        }
-    }
-    out
-}
-
-fn wait_count(m: &Mount, what: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while m.log_text().matches(what).count() < n {
-        assert!(
-            Instant::now() < deadline,
-            "never {n}x {what:?}: {}",
-            m.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn read(m: &Mount, rel: &str) -> Vec<u8> {
-    std::fs::read(m.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}: {}", m.log_text()))
-}
-
-fn verify_ok(store: &Path) {
-    let o = ckptfs(&["verify", store.to_str().unwrap()]);
-    assert!(
-        o.status.success(),
-        "verify STORE failed:\n{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let mut run = TrainingRun::new(seed);
+    (0..steps)
+        .map(|_| {
+            let b = run.bytes();
+            run.advance();
+            b
+        })
+        .collect()
 }
 
 fn released(store: &Path) -> Vec<String> {
@@ -82,12 +42,9 @@ fn released(store: &Path) -> Vec<String> {
 /// standalone, the older ones deltas in a chain behind it.
 fn family(m: &Mount, want: &[Vec<u8>]) {
     for (i, b) in want.iter().enumerate() {
-        let p = m.path(&format!("ckpt-{i}/model.safetensors"));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, b).unwrap();
-        m.wait_committed(300);
+        m.save(&format!("ckpt-{i}/model.safetensors"), b, 300);
     }
-    wait_count(m, "family settled", want.len());
+    m.wait_logged("family settled", want.len(), 300);
     for i in 0..want.len() - 1 {
         assert!(
             m.store.join(format!("ckpt-{i}/model.z4dm")).exists(),
@@ -138,7 +95,7 @@ fn rm_of_a_middle_checkpoint_returns_before_its_dependents_are_rewritten() {
             })
         })
         .collect();
-    wait_count(&m, "released base removed", 1);
+    m.wait_logged("released base removed", 1, 300);
     stop.store(true, Ordering::Relaxed);
     for r in readers {
         r.join().unwrap();
@@ -151,8 +108,8 @@ fn rm_of_a_middle_checkpoint_returns_before_its_dependents_are_rewritten() {
     assert!(m.store.join("ckpt-0/model.z4dm").exists());
     assert!(released(&m.store).is_empty());
     assert!(!m.path("ckpt-1/model.safetensors").exists());
-    assert_eq!(read(&m, "ckpt-0/model.safetensors"), want[0]);
-    assert_eq!(read(&m, "ckpt-2/model.safetensors"), want[2]);
+    assert_eq!(m.read("ckpt-0/model.safetensors"), want[0]);
+    assert_eq!(m.read("ckpt-2/model.safetensors"), want[2]);
     verify_ok(&m.store);
 }
 
@@ -165,17 +122,17 @@ fn kill_9_during_the_background_release_loses_nothing() {
     // composed dependent, before the deltas under it are re-pointed.
     std::fs::remove_file(m.path("ckpt-2/model.safetensors")).unwrap();
     std::fs::remove_file(m.path("ckpt-1/model.safetensors")).unwrap();
-    wait_count(&m, "test hook: paused at release", 1);
+    m.wait_logged("test hook: paused at release", 1, 300);
     m.kill9();
     assert!(!released(&m.store).is_empty());
     m.remount(DELTA);
     for i in [0, 3] {
-        assert_eq!(read(&m, &format!("ckpt-{i}/model.safetensors")), want[i]);
+        assert_eq!(m.read(&format!("ckpt-{i}/model.safetensors")), want[i]);
     }
-    wait_count(&m, "released base removed", 2);
+    m.wait_logged("released base removed", 2, 300);
     assert!(released(&m.store).is_empty(), "{:?}", released(&m.store));
     for i in [0, 3] {
-        assert_eq!(read(&m, &format!("ckpt-{i}/model.safetensors")), want[i]);
+        assert_eq!(m.read(&format!("ckpt-{i}/model.safetensors")), want[i]);
     }
     assert!(m.store.join("ckpt-0/model.z4dm").exists());
     verify_ok(&m.store);

@@ -20,7 +20,7 @@
 
 use crate::common;
 
-use common::{Aligned, Mount};
+use common::{installed_tool, Aligned, Mount};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -63,20 +63,6 @@ posix_fallocate = 0
 punch_hole = 0
 "#;
 
-/// A tool that `scripts/setup-test-env.sh` installs into `.tools/bin`.
-fn tool(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(".tools/bin")
-        .join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: run `bash scripts/setup-test-env.sh` (it installs fsx and \
-         pjdfstest from crates.io into .tools/)",
-        p.display()
-    );
-    p
-}
-
 /// The first lines (the error fsx found) and the last lines (the end of
 /// its log of the operations before it) of fsx's output.
 fn excerpt(text: &str) -> String {
@@ -99,7 +85,7 @@ fn excerpt(text: &str) -> String {
 /// Runs fsx with `seed` on `file`: Ok(seconds) if it passes, else a
 /// message with its output and the end of the daemon log.
 fn run_fsx(m: &Mount, file: &Path, label: &str, seed: u64) -> Result<f64, String> {
-    let fsx = tool("fsx");
+    let fsx = installed_tool("fsx");
     let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fsx-{label}-{seed}"));
     let _ = std::fs::remove_dir_all(&artifacts);
     std::fs::create_dir_all(&artifacts).unwrap();

@@ -9,10 +9,10 @@
 
 use crate::common;
 
-use common::Mount;
+use common::{installed_tool, Mount};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,19 +39,6 @@ allow_remount = false
 [dummy_auth]
 entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
 "#;
-
-fn tool(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(".tools/bin")
-        .join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: run `bash scripts/setup-test-env.sh` (it installs fsx and \
-         pjdfstest from crates.io into .tools/)",
-        p.display()
-    );
-    p
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -161,7 +148,7 @@ fn chmod(p: &Path, mode: u32) {
 /// Runs pjdfstest in `dir`, with `secondary` (another file system) for the
 /// EXDEV tests; returns its output.
 fn run_pjdfstest(dir: &Path, secondary: &Path, scratch: &Path) -> String {
-    let pjdfstest = tool("pjdfstest");
+    let pjdfstest = installed_tool("pjdfstest");
     let config = scratch.join("pjdfstest.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let out_path = scratch.join("pjdfstest-output.txt");

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::{ckptfs, Mount};
+use common::{ckptfs, names, Mount};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -25,15 +25,6 @@ fn client(args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    v.sort();
-    v
 }
 
 /// `ckptfs unpack` of `zstn` into a temp file; returns its bytes.

@@ -12,53 +12,10 @@
 
 use crate::common;
 
-use common::{ckptfs, gauss_bf16, safetensors_file, Mount, Rng};
-use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
+use common::{ckptfs, stamps, Mount, TrainingRun};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
-
-/// A training run of four bf16 tensors of 4 MiB: the first stays frozen,
-/// the others move by a low mantissa bit on a third of their elements.
-struct Run {
-    rng: Rng,
-    tensors: Vec<Vec<u8>>,
-}
-
-impl Run {
-    fn new(seed: u64) -> Run {
-        Run::sized(seed, 2 << 20)
-    }
-
-    /// Tensors of `elems` elements (a multiple of 1024).
-    fn sized(seed: u64, elems: usize) -> Run {
-        let mut rng = Rng(seed | 1);
-        let tensors = (0..4).map(|_| gauss_bf16(&mut rng, elems, 0.02)).collect();
-        Run { rng, tensors }
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let names = ["embed", "l0.w", "l1.w", "head"];
-        let t: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = self
-            .tensors
-            .iter()
-            .zip(names)
-            .map(|(b, n)| (n, "BF16", vec![b.len() as u64 / 2048, 1024], b.clone()))
-            .collect();
-        safetensors_file(&t, None)
-    }
-
-    fn advance(&mut self) {
-        for t in &mut self.tensors[1..] {
-            for e in t.chunks_mut(2) {
-                if self.rng.below(3) == 0 {
-                    e[0] ^= 1 << self.rng.below(3);
-                }
-            }
-        }
-    }
-}
 
 fn run_ok(args: &[&str]) -> String {
     let o = ckptfs(args);
@@ -92,11 +49,11 @@ fn set_mtime(p: &Path, k: u64) {
 /// the one before (`pack --base`, re-based at the chain limit); or, with
 /// `forward` false, all standalone. Returns their bytes.
 fn fill(store: &Path, n: usize, seed: u64, forward: bool) -> Vec<Vec<u8>> {
-    fill_sized(store, n, Run::new(seed), forward)
+    fill_sized(store, n, TrainingRun::new(seed), forward)
 }
 
 /// [`fill`] with the checkpoints of `run`.
-fn fill_sized(store: &Path, n: usize, mut run: Run, forward: bool) -> Vec<Vec<u8>> {
+fn fill_sized(store: &Path, n: usize, mut run: TrainingRun, forward: bool) -> Vec<Vec<u8>> {
     let src = tempfile::tempdir().unwrap();
     let mut want = Vec::new();
     let mut prev: Option<PathBuf> = None;
@@ -160,27 +117,6 @@ fn layout(store: &Path, n: usize) -> Vec<Vec<String>> {
             v
         })
         .collect()
-}
-
-/// Every file under `dir` but the spool: identity, size, mtime.
-fn stamps(dir: &Path) -> HashMap<PathBuf, (u64, u64, i64, i64)> {
-    let mut out = HashMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.file_name().is_some_and(|n| n == ".ckptfs-spool") {
-                continue;
-            }
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p, (m.ino(), m.len(), m.mtime(), m.mtime_nsec()));
-            }
-        }
-    }
-    out
 }
 
 fn stored_bytes(store: &Path) -> u64 {
@@ -335,7 +271,7 @@ fn standalone_checkpoints_become_a_family_and_the_store_shrinks() {
 fn checkpoints_above_the_cache_size_are_repacked_exact() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let want = fill_sized(&store, 3, Run::sized(23, 10 << 20), false);
+    let want = fill_sized(&store, 3, TrainingRun::sized(23, 10 << 20), false);
     assert!(want[0].len() > 64 << 20);
     let before = stored_bytes(&store);
     let (out, secs) = repack_and_check(&store, &want);

@@ -7,9 +7,9 @@
 //! output file.
 
 use crate::common;
-use common::{ckptfs, ckptfs_limited, pack, venv_python};
+use common::{ckptfs, ckptfs_limited, pack, run_generator};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -319,13 +319,7 @@ fn byte_flips_never_panic() {
 fn deltas_z4ai_makes_are_exact() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/z4ai_delta.py");
-    let st = Command::new(venv_python())
-        .arg(script)
-        .arg(d)
-        .status()
-        .unwrap();
-    assert!(st.success(), "the generator failed");
+    run_generator("z4ai_delta.py", d);
     for name in ["bf16", "f16", "f32", "reupload"] {
         let f = |suffix: &str| d.join(format!("{name}.{suffix}"));
         assert_unpacks_to(

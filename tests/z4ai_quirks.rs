@@ -6,9 +6,8 @@
 //! not read are named in one line, not misreported.
 
 use crate::common;
-use common::{ckptfs, venv_python};
+use common::{ckptfs, run_generator};
 use std::path::Path;
-use std::process::Command;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -18,13 +17,7 @@ fn s(p: &Path) -> &str {
 fn z4ai_quirks_are_read_or_named() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/z4ai_quirks.py");
-    let st = Command::new(venv_python())
-        .arg(script)
-        .arg(d)
-        .status()
-        .unwrap();
-    assert!(st.success(), "the generator failed");
+    run_generator("z4ai_quirks.py", d);
 
     // A loose header: verify passes and says why the header is not strict.
     let o = ckptfs(&["verify", s(&d.join("loose.zstn"))]);

@@ -52,6 +52,23 @@ pub fn safetensors_file(
     f
 }
 
+/// The tensors of safetensors file `bytes` in the order its header lists
+/// them, as (name, dtype, shape, bytes): what `safetensors_file` takes.
+pub fn tensors_in(bytes: &[u8]) -> Vec<(String, String, Vec<u64>, Vec<u8>)> {
+    let (h, data) = ckptfs::format::safetensors::split_file(bytes).unwrap();
+    h.tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dtype.clone(),
+                t.shape.clone(),
+                data[t.begin as usize..t.end as usize].to_vec(),
+            )
+        })
+        .collect()
+}
+
 /// N(0, sigma) bf16 bytes.
 pub fn gauss_bf16(rng: &mut Rng, n: usize, sigma: f64) -> Vec<u8> {
     let mut v = Vec::with_capacity(n * 2);
@@ -113,6 +130,51 @@ pub fn f32_to_f16(x: f32) -> u16 {
 pub const SHARD1: &str = "model-00001-of-00002.safetensors";
 /// The second shard of a `ModelDir`.
 pub const SHARD2: &str = "model-00002-of-00002.safetensors";
+
+/// A training run of four bf16 tensors (4 MiB each by default): the first
+/// stays frozen, the others move by a low mantissa bit on a third of their
+/// elements at each step. The checkpoints of the delta and family tests.
+pub struct TrainingRun {
+    rng: Rng,
+    /// The bytes of `embed`, `l0.w`, `l1.w` and `head`, in that order.
+    pub tensors: Vec<Vec<u8>>,
+}
+
+impl TrainingRun {
+    pub fn new(seed: u64) -> TrainingRun {
+        TrainingRun::sized(seed, 2 << 20)
+    }
+
+    /// Tensors of `elems` elements (a multiple of 1024).
+    pub fn sized(seed: u64, elems: usize) -> TrainingRun {
+        let mut rng = Rng(seed | 1);
+        let tensors = (0..4).map(|_| gauss_bf16(&mut rng, elems, 0.02)).collect();
+        TrainingRun { rng, tensors }
+    }
+
+    /// This step's checkpoint, as a safetensors file.
+    pub fn bytes(&self) -> Vec<u8> {
+        let names = ["embed", "l0.w", "l1.w", "head"];
+        let t: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = self
+            .tensors
+            .iter()
+            .zip(names)
+            .map(|(b, n)| (n, "BF16", vec![b.len() as u64 / 2048, 1024], b.clone()))
+            .collect();
+        safetensors_file(&t, None)
+    }
+
+    /// The next step.
+    pub fn advance(&mut self) {
+        for t in &mut self.tensors[1..] {
+            for e in t.chunks_mut(2) {
+                if self.rng.below(3) == 0 {
+                    e[0] ^= 1 << self.rng.below(3);
+                }
+            }
+        }
+    }
+}
 
 /// A Hugging Face style model directory, as `ckptfs pack DIR -o X.blz`
 /// takes it: shards `SHARD1` (`model.embed_tokens.weight` BF16,

@@ -174,6 +174,99 @@ pub fn run_test_script(name: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `tests/blazex_tool.py CMD PATHS ARGS` in the test venv, which must
+/// succeed: the independent BLAZE-X writer and reader (pack, export,
+/// patch), written from the layout alone.
+pub fn blazex_tool(cmd: &str, paths: &[&Path], args: &[&str]) -> Output {
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blazex_tool.py");
+    let out = Command::new(venv_python())
+        .arg(tool)
+        .arg(cmd)
+        .args(paths)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "blazex_tool.py {cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs the generator `tests/NAME` (a Python script in the test venv) with
+/// `dir` as its output directory; it must succeed.
+pub fn run_generator(name: &str, dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
+    let st = Command::new(venv_python())
+        .arg(script)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "the generator failed");
+}
+
+/// A tool that `scripts/setup-test-env.sh` installs into `.tools/bin`.
+pub fn installed_tool(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".tools/bin")
+        .join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `bash scripts/setup-test-env.sh` (it installs fsx and \
+         pjdfstest from crates.io into .tools/)",
+        p.display()
+    );
+    p
+}
+
+/// The names in directory `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every regular file under `dir` but the spool, with its identity, size
+/// and mtime: (inode, length, mtime, mtime_nsec).
+pub fn stamps(dir: &Path) -> std::collections::HashMap<PathBuf, (u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::HashMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.file_name().is_some_and(|n| n == ".ckptfs-spool") {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p, (m.ino(), m.len(), m.mtime(), m.mtime_nsec()));
+            }
+        }
+    }
+    out
+}
+
+/// `ckptfs verify STORE`, which must succeed; returns what it printed.
+pub fn verify_ok(store: &Path) -> String {
+    let o = ckptfs(&["verify", store.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "verify STORE failed:\n{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// uid and gid of `nobody`, the unprivileged user of the permission tests.
 pub const NOBODY: u32 = 65534;
 

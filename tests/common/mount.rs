@@ -225,6 +225,34 @@ impl Mount {
         spool_entries(&self.store)
     }
 
+    /// Writes `bytes` as `rel` in the mount (making its directories) and
+    /// waits for the commit. Panics after `secs`.
+    pub fn save(&self, rel: &str, bytes: &[u8], secs: u64) {
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        self.wait_committed(secs);
+    }
+
+    /// `rel` in the mount, read whole (a failure panics with the log).
+    pub fn read(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}: {}", self.log_text()))
+    }
+
+    /// Waits until the daemon's log holds `what` `n` times (say
+    /// "family settled": one a family settled). Panics after `secs`.
+    pub fn wait_logged(&self, what: &str, n: usize, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while self.log_text().matches(what).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "never {n}x {what:?} in {secs} s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until STORE holds no staged file (every write compressed or
     /// put back). Panics after `secs`.
     pub fn wait_committed(&self, secs: u64) {
