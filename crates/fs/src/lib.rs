@@ -1,6 +1,7 @@
 //! **ckptfs-fs**: the filesystem, the top layer below the command line.
-//! Depends on every other crate; nothing depends on it but the `ckptfs`
-//! binary.
+//! Depends on `ckptfs-format`, `ckptfs-store`, `ckptfs-archive` and
+//! `ckptfs-pack` (decoding happens inside the archive readers); nothing
+//! depends on it but the `ckptfs` binary.
 //!
 //! `CheckpointFs`: the filesystem logic of `ckptfs mount`, with no FUSE in
 //! it. [`fuse`] is a thin adapter that converts fuser types and calls

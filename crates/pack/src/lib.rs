@@ -1,6 +1,6 @@
 //! **ckptfs-pack**: the writers, [`export`] (plain safetensors, GGUF) and
 //! [`model`] (a model directory or archive as tensors). Depends on
-//! `ckptfs-format`, `ckptfs-codec`, `ckptfs-store` and `ckptfs-archive`.
+//! `ckptfs-format`, `ckptfs-codec` and `ckptfs-archive`.
 //!
 //! The writers: what `ckptfs pack` produces.
 //!
