@@ -181,7 +181,7 @@ impl CheckpointFs {
                 target.display()
             )
         };
-        match crate::fs::hold::lock(dir, libc::LOCK_SH, true, waiting) {
+        match crate::fs::hold::lock(dir, crate::fs::hold::Mode::Shared, true, waiting) {
             Ok(g) => g,
             Err(e) => {
                 log::warn!("cannot take the commit lock of the store ({e}); committing anyway");
