@@ -22,7 +22,6 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -72,10 +71,9 @@ impl WriterLock {
             .mode(0o600)
             .open(&path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        // std's File::try_lock: flock(LOCK_EX | LOCK_NB) on Linux.
+        if let Err(e) = file.try_lock() {
+            if let std::fs::TryLockError::Error(e) = e {
                 anyhow::bail!("{}: cannot lock: {e}", path.display());
             }
             let mut text = String::new();

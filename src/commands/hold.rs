@@ -21,7 +21,7 @@ pub fn run(g: Global, a: HoldArgs) -> Result<ExitCode> {
         .map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
     let mut said = false;
     let _held = loop {
-        if let Some(l) = hold::lock(&dir, libc::LOCK_EX, deadline.is_none(), || {
+        if let Some(l) = hold::lock(&dir, hold::Mode::Exclusive, deadline.is_none(), || {
             if !g.quiet {
                 eprintln!("{store}: waiting for the commit in progress");
             }

@@ -32,7 +32,6 @@ use crate::store::mirror::Mirror;
 use crate::store::s3::{S3Client, S3Options, S3Url};
 use anyhow::Context as _;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -113,8 +112,8 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         .mode(0o600)
         .open(&lock_path)
         .with_context(|| lock_path.display().to_string())?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    // std's File::try_lock: flock(LOCK_EX | LOCK_NB) on Linux.
+    if lock.try_lock().is_err() {
         anyhow::bail!(
             "{}: the cache directory is in use by another ckptfs daemon (give this mount its own --cache-dir)",
             cache_dir.display()

@@ -19,21 +19,28 @@
 //! write-back thread, the spool, a mount without `--allow-other`, or a
 //! daemon that is not root) the daemon acts as itself.
 //!
+//! The system calls are rustix's (typed, no `unsafe`), but for
+//! `setfsuid`/`setfsgid`, which rustix does not have.
+//!
 //! This module does not depend on the rest of `fs`; it speaks `io::Result`.
 
+use rustix::fs::{Access, AtFlags, Mode, OFlags, ResolveFlags, Timestamps, CWD};
+use rustix::io::Errno;
+use rustix::process::Gid;
 use std::cell::RefCell;
 use std::ffi::{CString, OsStr};
 use std::fs::{File, Metadata};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Below this length a relative path is resolved in one `openat2`.
 const CHUNK: usize = 3072;
 
-const RESOLVE: u64 =
-    libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
 
 /// Who a request acts for: fsuid, fsgid and supplementary groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,24 +105,12 @@ pub fn acting_for_caller() -> bool {
 }
 
 fn daemon_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// The thread's fs identity switched to the caller's; restored on drop.
 struct Switched {
-    groups: Vec<libc::gid_t>,
-}
-
-fn raw_setgroups(g: &[libc::gid_t]) -> io::Result<()> {
-    // The raw syscall: glibc's setgroups() changes every thread.
-    // SAFETY: `g` is a valid array of `g.len()` gids.
-    let rc = unsafe { libc::syscall(libc::SYS_setgroups, g.len(), g.as_ptr()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    groups: Vec<Gid>,
 }
 
 fn switch() -> io::Result<Option<Switched>> {
@@ -126,18 +121,18 @@ fn switch() -> io::Result<Option<Switched>> {
     let Some(ids) = CALLER.with(|c| c.borrow().clone()) else {
         return Ok(None);
     };
-    // SAFETY: getgroups with size 0 only counts.
-    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-    let mut saved = vec![0 as libc::gid_t; n.max(0) as usize];
-    // SAFETY: `saved` has room for `n` gids.
-    let n = unsafe { libc::getgroups(saved.len() as libc::c_int, saved.as_mut_ptr()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    saved.truncate(n as usize);
-    // Groups first, while the thread still has every capability.
-    raw_setgroups(&ids.groups)?;
+    let saved = rustix::process::getgroups()?;
+    // Groups first, while the thread still has every capability. The
+    // raw syscall (rustix's): glibc's setgroups() changes every thread.
+    // The gids are the kernel's own (from /proc), never -1.
+    let groups: Vec<Gid> = ids
+        .groups
+        .iter()
+        .map(|&g| Gid::from_raw_unchecked(g))
+        .collect();
+    rustix::thread::set_thread_groups(&groups)?;
     let guard = Switched { groups: saved };
+    // rustix has no setfsuid/setfsgid.
     // SAFETY: setfsgid/setfsuid only change this thread's fs identity;
     // calling them with -1 reads it back (they report no errors).
     let ok = unsafe {
@@ -147,44 +142,50 @@ fn switch() -> io::Result<Option<Switched>> {
     };
     if !ok {
         // Dropping `guard` restores the daemon's identity.
-        return Err(io::Error::from_raw_os_error(libc::EPERM));
+        return Err(Errno::PERM.into());
     }
     Ok(Some(guard))
 }
 
 impl Drop for Switched {
     fn drop(&mut self) {
+        let uid = rustix::process::geteuid().as_raw();
+        let gid = rustix::process::getegid().as_raw();
         // SAFETY: as in `switch`; uid first, which restores the file
         // capabilities, then the groups.
         unsafe {
-            libc::setfsuid(libc::geteuid());
-            libc::setfsgid(libc::getegid());
+            libc::setfsuid(uid);
+            libc::setfsgid(gid);
         }
-        if let Err(e) = raw_setgroups(&self.groups) {
+        if let Err(e) = rustix::thread::set_thread_groups(&self.groups) {
             // Cannot go on with a wrong identity on this thread.
-            log::error!("restoring the daemon's groups: {e}");
+            log::error!("restoring the daemon's groups: {}", io::Error::from(e));
             std::process::abort();
         }
     }
 }
 
 fn cstr(s: &OsStr) -> io::Result<CString> {
-    CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    CString::new(s.as_bytes()).map_err(|_| Errno::INVAL.into())
 }
 
-fn rc(r: libc::c_int) -> io::Result<()> {
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+/// The `/proc/self/fd` link of `fd`: the file it holds, never a path
+/// looked up again.
+fn proc_link(fd: impl AsFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())
 }
 
-/// A directory descriptor and a name in it.
-struct At {
-    _dir: Option<OwnedFd>,
-    fd: RawFd,
+/// A directory descriptor (STORE's root, or one opened) and a name in it.
+struct At<'a> {
+    root: BorrowedFd<'a>,
+    dir: Option<OwnedFd>,
     name: CString,
+}
+
+impl At<'_> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.dir.as_ref().map_or(self.root, |d| d.as_fd())
+    }
 }
 
 /// STORE: its path (for messages) and the descriptor of its root.
@@ -200,18 +201,11 @@ pub struct Beneath {
 impl Beneath {
     pub fn open(path: &Path) -> io::Result<Beneath> {
         let c = cstr(path.as_os_str())?;
-        // SAFETY: `c` is a valid NUL-terminated path.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just opened and is owned by nobody else.
-        let root = unsafe { OwnedFd::from_raw_fd(fd) };
+        let root = rustix::fs::open(
+            &c,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         Ok(Beneath {
             path: path.to_path_buf(),
             root,
@@ -238,44 +232,26 @@ impl Beneath {
         &self.path
     }
 
-    fn openat2(dir: RawFd, rel: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    fn openat2(dir: BorrowedFd<'_>, rel: &OsStr, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
         let c = cstr(rel)?;
-        // SAFETY: open_how is plain old data; zero is valid for each field.
-        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = (flags | libc::O_CLOEXEC) as u64;
-        how.mode = if flags & libc::O_CREAT != 0 {
-            mode as u64
+        let mode = if flags.contains(OFlags::CREATE) {
+            mode
         } else {
-            0
+            Mode::empty()
         };
-        how.resolve = RESOLVE;
         loop {
-            // SAFETY: `c` is a valid path and `how` a valid open_how of the
-            // size passed.
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_openat2,
-                    dir,
-                    c.as_ptr(),
-                    &how as *const libc::open_how,
-                    std::mem::size_of::<libc::open_how>(),
-                )
-            };
-            if fd >= 0 {
-                // SAFETY: a new descriptor owned by nobody else.
-                return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-            }
-            let e = io::Error::last_os_error();
-            // EAGAIN: a concurrent rename raced RESOLVE_BENEATH's check.
-            if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
-                return Err(e);
+            match rustix::fs::openat2(dir, &c, flags | OFlags::CLOEXEC, mode, RESOLVE) {
+                Ok(fd) => return Ok(fd),
+                // EAGAIN: a concurrent rename raced RESOLVE_BENEATH's check.
+                Err(Errno::INTR | Errno::AGAIN) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
 
     /// Opens `rel` beneath the root. Paths too long for one call are
     /// walked in chunks of whole components, each beneath the last.
-    fn resolve(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    fn resolve(&self, rel: &Path, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
         let mut comps: Vec<&OsStr> = Vec::new();
         for c in rel.components() {
             match c {
@@ -283,16 +259,14 @@ impl Beneath {
                 Component::CurDir => {}
                 // Never built by the mount; refused rather than trusted.
                 Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
-                    return Err(io::Error::from_raw_os_error(libc::EXDEV))
+                    return Err(Errno::XDEV.into())
                 }
             }
         }
         let mut held: Option<OwnedFd> = None;
         let mut rest = &comps[..];
         loop {
-            let dir = held
-                .as_ref()
-                .map_or(self.root.as_raw_fd(), |f| f.as_raw_fd());
+            let dir = held.as_ref().map_or(self.root.as_fd(), |f| f.as_fd());
             let mut take = 0;
             let mut len = 0;
             while take < rest.len() && (take == 0 || len + rest[take].len() + 1 < CHUNK) {
@@ -312,31 +286,30 @@ impl Beneath {
             held = Some(Self::openat2(
                 dir,
                 p.as_os_str(),
-                libc::O_PATH | libc::O_DIRECTORY,
-                0,
+                OFlags::PATH | OFlags::DIRECTORY,
+                Mode::empty(),
             )?);
             rest = &rest[take..];
         }
     }
 
     /// The parent directory of `rel` (opened) and its last component.
-    fn at(&self, rel: &Path) -> io::Result<At> {
-        let name = rel
-            .file_name()
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    fn at(&self, rel: &Path) -> io::Result<At<'_>> {
+        let name = rel.file_name().ok_or(Errno::INVAL)?;
         let parent = rel.parent().unwrap_or(Path::new(""));
         let name = cstr(name)?;
+        let root = self.root.as_fd();
         if parent.as_os_str().is_empty() {
             return Ok(At {
-                _dir: None,
-                fd: self.root.as_raw_fd(),
+                root,
+                dir: None,
                 name,
             });
         }
-        let d = self.resolve(parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let d = self.resolve(parent, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
         Ok(At {
-            fd: d.as_raw_fd(),
-            _dir: Some(d),
+            root,
+            dir: Some(d),
             name,
         })
     }
@@ -344,7 +317,7 @@ impl Beneath {
     /// `lstat` of `rel` (a symlink is described, not followed).
     pub fn lstat(&self, rel: &Path) -> io::Result<Metadata> {
         let _ids = self.ids_for(rel)?;
-        let fd = self.resolve(rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let fd = self.resolve(rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
         File::from(fd).metadata()
     }
 
@@ -352,10 +325,12 @@ impl Beneath {
     /// `mode` applies with `O_CREAT`.
     pub fn open_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<File> {
         let _ids = self.ids_for(rel)?;
+        // Every bit as given: openat2 refuses (EINVAL) what it does not know.
+        let flags = OFlags::from_bits_retain(flags as u32) | OFlags::NOFOLLOW;
         Ok(File::from(self.resolve(
             rel,
-            flags | libc::O_NOFOLLOW,
-            mode,
+            flags,
+            Mode::from_bits_retain(mode),
         )?))
     }
 
@@ -364,12 +339,12 @@ impl Beneath {
         let _ids = self.ids_for(rel)?;
         let fd = self.resolve(
             rel,
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-            0,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
         )?;
         // Our own descriptor, reopened through /proc: the directory it
         // names, not a path looked up again.
-        std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        std::fs::read_dir(proc_link(&fd))
     }
 
     /// Whether the caller may add and remove entries in directory `rel`
@@ -377,17 +352,14 @@ impl Beneath {
     /// the daemon then makes as itself (moves into and out of its spool).
     pub fn may_write_dir(&self, rel: &Path) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
-        let fd = self.resolve(rel, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-        let p = cstr(OsStr::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())))?;
-        // SAFETY: NUL-terminated path; AT_EACCESS checks the fs identity.
-        rc(unsafe {
-            libc::faccessat(
-                libc::AT_FDCWD,
-                p.as_ptr(),
-                libc::W_OK | libc::X_OK,
-                libc::AT_EACCESS,
-            )
-        })
+        let fd = self.resolve(rel, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+        // AT_EACCESS checks the fs identity (faccessat2).
+        Ok(rustix::fs::accessat(
+            CWD,
+            proc_link(&fd),
+            Access::WRITE_OK | Access::EXEC_OK,
+            AtFlags::EACCESS,
+        )?)
     }
 
     pub fn is_dir(&self, rel: &Path) -> bool {
@@ -397,22 +369,23 @@ impl Beneath {
     pub fn unlink(&self, rel: &Path) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
-        // SAFETY: valid descriptor and NUL-terminated name.
-        rc(unsafe { libc::unlinkat(a.fd, a.name.as_ptr(), 0) })
+        Ok(rustix::fs::unlinkat(a.fd(), &a.name, AtFlags::empty())?)
     }
 
     pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
-        // SAFETY: valid descriptor and NUL-terminated name.
-        rc(unsafe { libc::unlinkat(a.fd, a.name.as_ptr(), libc::AT_REMOVEDIR) })
+        Ok(rustix::fs::unlinkat(a.fd(), &a.name, AtFlags::REMOVEDIR)?)
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
-        // SAFETY: valid descriptor and NUL-terminated name.
-        rc(unsafe { libc::mkdirat(a.fd, a.name.as_ptr(), mode as libc::mode_t) })
+        Ok(rustix::fs::mkdirat(
+            a.fd(),
+            &a.name,
+            Mode::from_bits_retain(mode),
+        )?)
     }
 
     /// Creates the directories of `rel` that do not exist, mode 0755 (the
@@ -429,26 +402,26 @@ impl Beneath {
         Ok(())
     }
 
+    /// `mode` holds the file type, as mknod(2)'s does.
     pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
-        // SAFETY: valid descriptor and NUL-terminated name.
-        rc(unsafe {
-            libc::mknodat(
-                a.fd,
-                a.name.as_ptr(),
-                mode as libc::mode_t,
-                rdev as libc::dev_t,
-            )
-        })
+        // rustix takes the type apart from the permissions and puts them
+        // back together; a type of 0 is a regular file, as for mknod(2),
+        // and one it does not know stays invalid (EINVAL).
+        let kind = match mode & libc::S_IFMT {
+            0 => rustix::fs::FileType::RegularFile,
+            t => rustix::fs::FileType::from_raw_mode(t),
+        };
+        let perm = Mode::from_bits_retain(mode & !libc::S_IFMT);
+        Ok(rustix::fs::mknodat(a.fd(), &a.name, kind, perm, rdev)?)
     }
 
     pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
         let t = cstr(target.as_os_str())?;
-        // SAFETY: valid descriptor and NUL-terminated strings.
-        rc(unsafe { libc::symlinkat(t.as_ptr(), a.fd, a.name.as_ptr()) })
+        Ok(rustix::fs::symlinkat(&t, a.fd(), &a.name)?)
     }
 
     /// A hard link `dst` to `src` (a symlink `src` is linked, not followed).
@@ -456,17 +429,21 @@ impl Beneath {
         let _ids = self.ids_for(src)?;
         let s = self.at(src)?;
         let d = self.at(dst)?;
-        // SAFETY: valid descriptors and NUL-terminated names; flags 0
-        // never follows `src`.
-        rc(unsafe { libc::linkat(s.fd, s.name.as_ptr(), d.fd, d.name.as_ptr(), 0) })
+        // No AT_SYMLINK_FOLLOW: `src` is never followed.
+        Ok(rustix::fs::linkat(
+            s.fd(),
+            &s.name,
+            d.fd(),
+            &d.name,
+            AtFlags::empty(),
+        )?)
     }
 
     pub fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
         let _ids = self.ids_for(src)?;
         let s = self.at(src)?;
         let d = self.at(dst)?;
-        // SAFETY: valid descriptors and NUL-terminated names.
-        rc(unsafe { libc::renameat(s.fd, s.name.as_ptr(), d.fd, d.name.as_ptr()) })
+        Ok(rustix::fs::renameat(s.fd(), &s.name, d.fd(), &d.name)?)
     }
 
     /// Moves `rel` out of STORE to `dst` in the daemon's spool, as the
@@ -475,79 +452,78 @@ impl Beneath {
     pub fn rename_out(&self, rel: &Path, dst: &Path) -> io::Result<()> {
         let s = self.at(rel)?;
         let d = cstr(dst.as_os_str())?;
-        // SAFETY: valid descriptor and NUL-terminated names.
-        rc(unsafe { libc::renameat(s.fd, s.name.as_ptr(), libc::AT_FDCWD, d.as_ptr()) })
+        Ok(rustix::fs::renameat(s.fd(), &s.name, CWD, &d)?)
     }
 
     /// Moves `src` from the daemon's spool to `rel` in STORE, as the daemon.
     pub fn rename_in(&self, src: &Path, rel: &Path) -> io::Result<()> {
         let d = self.at(rel)?;
         let s = cstr(src.as_os_str())?;
-        // SAFETY: valid descriptor and NUL-terminated names.
-        rc(unsafe { libc::renameat(libc::AT_FDCWD, s.as_ptr(), d.fd, d.name.as_ptr()) })
+        Ok(rustix::fs::renameat(CWD, &s, d.fd(), &d.name)?)
     }
 
     pub fn readlink(&self, rel: &Path) -> io::Result<Vec<u8>> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
-        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        // SAFETY: valid descriptor, name, and a writable buffer of its length.
-        let n = unsafe {
-            libc::readlinkat(
-                a.fd,
-                a.name.as_ptr(),
-                buf.as_mut_ptr() as *mut libc::c_char,
-                buf.len(),
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.truncate(n as usize);
-        Ok(buf)
+        let target = rustix::fs::readlinkat(a.fd(), &a.name, Vec::new())?;
+        Ok(target.into_bytes())
     }
 
     /// `lchown`; `u32::MAX` leaves an id as it is.
     pub fn lchown(&self, rel: &Path, uid: u32, gid: u32) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
         let a = self.at(rel)?;
-        // SAFETY: valid descriptor and NUL-terminated name.
-        rc(unsafe { libc::fchownat(a.fd, a.name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
+        let uid = (uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(uid));
+        let gid = (gid != u32::MAX).then(|| Gid::from_raw(gid));
+        Ok(rustix::fs::chownat(
+            a.fd(),
+            &a.name,
+            uid,
+            gid,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?)
     }
 
     /// `chmod` of `rel` itself; a symlink has no mode of its own (EOPNOTSUPP).
     pub fn chmod(&self, rel: &Path, mode: u32) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
-        let fd = self.resolve(rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let fd = self.resolve(rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
         let f = File::from(fd);
         if f.metadata()?.file_type().is_symlink() {
-            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+            return Err(Errno::OPNOTSUPP.into());
         }
         // An O_PATH descriptor has no fchmod: its /proc link names the
         // file it holds, not a path looked up again.
-        let p = cstr(OsStr::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))?;
-        // SAFETY: NUL-terminated path.
-        rc(unsafe { libc::chmod(p.as_ptr(), mode as libc::mode_t) })
+        Ok(rustix::fs::chmod(
+            proc_link(&f),
+            Mode::from_bits_retain(mode),
+        )?)
     }
 
+    /// Access and modification times (`UTIME_NOW` and `UTIME_OMIT` as in
+    /// utimensat(2)).
     pub fn utimens(&self, rel: &Path, ts: &[libc::timespec; 2]) -> io::Result<()> {
         let _ids = self.ids_for(rel)?;
+        let t = |t: &libc::timespec| rustix::fs::Timespec {
+            tv_sec: t.tv_sec,
+            tv_nsec: t.tv_nsec,
+        };
+        let times = Timestamps {
+            last_access: t(&ts[0]),
+            last_modification: t(&ts[1]),
+        };
         if rel.as_os_str().is_empty() {
             // STORE's root has no parent to name it in.
-            let fd = self.resolve(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            // SAFETY: valid descriptor and two timespecs.
-            return rc(unsafe { libc::futimens(fd.as_raw_fd(), ts.as_ptr()) });
+            let fd = self.resolve(rel, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+            return Ok(rustix::fs::futimens(&fd, &times)?);
         }
         let a = self.at(rel)?;
-        // SAFETY: valid descriptor, name, and two timespecs.
-        rc(unsafe {
-            libc::utimensat(
-                a.fd,
-                a.name.as_ptr(),
-                ts.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })
+        Ok(rustix::fs::utimensat(
+            a.fd(),
+            &a.name,
+            &times,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?)
     }
 
     /// fsync of directory `rel`.
@@ -559,87 +535,64 @@ impl Beneath {
     /// Runs `f` on the `/proc/self/fd` link of `rel` opened `O_PATH |
     /// O_NOFOLLOW` (the file itself, never a path looked up again), as the
     /// caller: the xattr calls have no `*at()` form.
-    fn via_proc<T>(&self, rel: &Path, f: impl FnOnce(&CString) -> io::Result<T>) -> io::Result<T> {
+    fn via_proc<T>(&self, rel: &Path, f: impl FnOnce(&str) -> io::Result<T>) -> io::Result<T> {
         let _ids = self.ids_for(rel)?;
-        let fd = self.resolve(rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-        let p = cstr(OsStr::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())))?;
-        f(&p)
+        let fd = self.resolve(rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())?;
+        f(&proc_link(&fd))
     }
 
     /// The value of extended attribute `name` of `rel`.
     pub fn getxattr(&self, rel: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
         let n = cstr(name)?;
         self.via_proc(rel, |p| {
-            read_sized(|buf, len| {
-                // SAFETY: NUL-terminated path and name; `buf` is writable
-                // for `len` bytes (or null with `len` 0).
-                unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len) }
-            })
+            read_sized(
+                || rustix::fs::getxattr_query(p, &n),
+                |buf| rustix::fs::getxattr(p, &n, buf),
+            )
         })
     }
 
     /// The extended attribute names of `rel`, each NUL-terminated.
     pub fn listxattr(&self, rel: &Path) -> io::Result<Vec<u8>> {
         self.via_proc(rel, |p| {
-            read_sized(|buf, len| {
-                // SAFETY: NUL-terminated path; `buf` is writable for `len`
-                // bytes (or null with `len` 0).
-                unsafe { libc::listxattr(p.as_ptr(), buf as *mut libc::c_char, len) }
-            })
+            read_sized(
+                || rustix::fs::listxattr_query(p),
+                |buf| rustix::fs::listxattr(p, buf),
+            )
         })
     }
 
     pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
         let n = cstr(name)?;
-        self.via_proc(rel, |p| {
-            // SAFETY: NUL-terminated path and name; `value` is readable for
-            // its length.
-            rc(unsafe {
-                libc::setxattr(
-                    p.as_ptr(),
-                    n.as_ptr(),
-                    value.as_ptr() as *const libc::c_void,
-                    value.len(),
-                    flags,
-                )
-            })
-        })
+        let flags = rustix::fs::XattrFlags::from_bits_retain(flags as u32);
+        self.via_proc(rel, |p| Ok(rustix::fs::setxattr(p, &n, value, flags)?))
     }
 
     pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {
         let n = cstr(name)?;
-        self.via_proc(rel, |p| {
-            // SAFETY: NUL-terminated path and name.
-            rc(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) })
-        })
+        self.via_proc(rel, |p| Ok(rustix::fs::removexattr(p, &n)?))
     }
 
-    pub fn statvfs(&self) -> io::Result<libc::statvfs> {
-        // SAFETY: statvfs is plain old data; all-zero bytes are valid.
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: valid descriptor and a writable statvfs.
-        rc(unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut s) })?;
-        Ok(s)
+    pub fn statvfs(&self) -> io::Result<rustix::fs::StatVfs> {
+        Ok(rustix::fs::fstatvfs(&self.root)?)
     }
 }
 
-/// Calls a `getxattr`-style function first for the size, then with a
-/// buffer of it, again if the value grew in between (ERANGE).
-fn read_sized(mut call: impl FnMut(*mut libc::c_void, usize) -> isize) -> io::Result<Vec<u8>> {
+/// Asks `query` for the size, then `read`s into a buffer of it, again if
+/// the value grew in between (ERANGE).
+fn read_sized(
+    query: impl Fn() -> rustix::io::Result<usize>,
+    read: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+) -> io::Result<Vec<u8>> {
     loop {
-        let n = call(std::ptr::null_mut(), 0);
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut buf = vec![0u8; n as usize];
-        let m = call(buf.as_mut_ptr() as *mut libc::c_void, buf.len());
-        if m >= 0 {
-            buf.truncate(m as usize);
-            return Ok(buf);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ERANGE) {
-            return Err(e);
+        let mut buf = vec![0u8; query()?];
+        match read(&mut buf) {
+            Ok(m) => {
+                buf.truncate(m);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 }

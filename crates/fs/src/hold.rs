@@ -21,10 +21,18 @@
 //! No file is created: the lock is on the directory itself. Nothing else in
 //! ckptfs flocks STORE's directory (the writer lock is a file in the spool).
 
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
+
+/// Which lock: commits share one, `ckptfs hold` excludes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `flock(LOCK_SH)`: a commit.
+    Shared,
+    /// `flock(LOCK_EX)`: `ckptfs hold`.
+    Exclusive,
+}
 
 /// A shared or exclusive `flock` on a directory, released on drop.
 pub struct DirLock<'a> {
@@ -33,8 +41,7 @@ pub struct DirLock<'a> {
 
 impl Drop for DirLock<'_> {
     fn drop(&mut self) {
-        // SAFETY: flock on a descriptor that `file` keeps open.
-        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+        let _ = self.file.unlock();
     }
 }
 
@@ -47,36 +54,38 @@ pub fn open_dir(dir: &Path) -> io::Result<File> {
         .open(dir)
 }
 
-/// Takes `op` (`LOCK_SH` or `LOCK_EX`) on `file`: at once if it is free
-/// (Ok(Some)), else None when `wait` is false; when `wait` is true, calls
-/// `waiting` once and blocks until it is free.
+/// Takes a `mode` lock on `file` (std's `File` locks, `flock` on Linux):
+/// at once if it is free (Ok(Some)), else None when `wait` is false; when
+/// `wait` is true, calls `waiting` once and blocks until it is free.
 pub fn lock<'a>(
     file: &'a File,
-    op: libc::c_int,
+    mode: Mode,
     wait: bool,
     waiting: impl FnOnce(),
 ) -> io::Result<Option<DirLock<'a>>> {
-    let fd = file.as_raw_fd();
-    // SAFETY: flock on a descriptor that `file` keeps open.
-    if unsafe { libc::flock(fd, op | libc::LOCK_NB) } == 0 {
-        return Ok(Some(DirLock { file }));
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(e);
+    let tried = match mode {
+        Mode::Shared => file.try_lock_shared(),
+        Mode::Exclusive => file.try_lock(),
+    };
+    match tried {
+        Ok(()) => return Ok(Some(DirLock { file })),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(e),
     }
     if !wait {
         return Ok(None);
     }
     waiting();
     loop {
-        // SAFETY: as above.
-        if unsafe { libc::flock(fd, op) } == 0 {
-            return Ok(Some(DirLock { file }));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        let r = match mode {
+            Mode::Shared => file.lock_shared(),
+            Mode::Exclusive => file.lock(),
+        };
+        match r {
+            Ok(()) => return Ok(Some(DirLock { file })),
+            // A signal woke the wait: std does not retry it.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -90,22 +99,20 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let daemon = open_dir(d.path()).unwrap();
         let backup = open_dir(d.path()).unwrap();
-        let commit = lock(&daemon, libc::LOCK_SH, false, || {}).unwrap();
+        let commit = lock(&daemon, Mode::Shared, false, || {}).unwrap();
         assert!(commit.is_some());
         // A commit in progress: the hold cannot be had yet.
-        assert!(lock(&backup, libc::LOCK_EX, false, || {})
+        assert!(lock(&backup, Mode::Exclusive, false, || {})
             .unwrap()
             .is_none());
         drop(commit);
-        let hold = lock(&backup, libc::LOCK_EX, false, || {}).unwrap();
+        let hold = lock(&backup, Mode::Exclusive, false, || {}).unwrap();
         assert!(hold.is_some());
         // Held: a commit waits.
-        assert!(lock(&daemon, libc::LOCK_SH, false, || {})
-            .unwrap()
-            .is_none());
+        assert!(lock(&daemon, Mode::Shared, false, || {}).unwrap().is_none());
         let t = std::thread::spawn(move || {
             let mut waited = false;
-            let g = lock(&daemon, libc::LOCK_SH, true, || waited = true).unwrap();
+            let g = lock(&daemon, Mode::Shared, true, || waited = true).unwrap();
             assert!(g.is_some());
             waited
         });

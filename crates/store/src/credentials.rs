@@ -9,6 +9,15 @@
 //! before they expire ([`Kept`]), and is asked once when the client is
 //! built, so a broken setup is one line at start, not an EIO at the
 //! first read.
+//!
+//! Why not `aws-config` (measured for issue 43, clean release builds with
+//! 2 jobs, plugged in as object_store's credential provider): it adds
+//! 39 to 44 crates to ckptfs's 217, 2 to 4 minutes of compile (CPU time;
+//! ckptfs takes about 7) and 5.4 to 8.1 MB to the stripped binary (13.5
+//! MB); under rust-version 1.89 it stays at 1.8.13 (every later one needs
+//! a newer Rust); and its messages differ from the one-line ones users
+//! and tests/s3_cli rely on (`FILE:LINE:` of a bad setting, `aws sso
+//! login` hints).
 
 use super::aws_config::Resolved;
 use chrono::{DateTime, Utc};

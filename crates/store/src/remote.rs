@@ -29,22 +29,31 @@
 //! so that `archive::Backing::map` of an open file finds out, with no
 //! change to its callers, that the file is a sparse copy to fill before
 //! reading. A process with no remote store has an empty registry.
+//!
+//! Here: the fetching. Beside it: `save` (the range set persisted),
+//! `evict` (the disk cache's side: pins, uses, freeing pages) and
+//! `registry` (the (device, inode) registry and plain files).
 
 use super::budget::{Budget, Evict, Kind};
 use super::ranges::{coalesce, RangeSet};
 use super::s3::S3Client;
-use parking_lot::{Condvar, Mutex, RwLock};
-use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use parking_lot::{Condvar, Mutex};
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
+
+mod evict;
+mod registry;
+mod save;
+
+pub use evict::{InUse, Pin};
+pub use registry::{fill_and_take, fill_whole, lookup, open_plain, register, PLAIN_CHUNK};
+pub use save::{load_state, save_all, State};
 
 /// Fetches start and end on multiples of this (a page: the cache never
 /// holds part of one).
@@ -62,23 +71,6 @@ pub const PREFETCHES: usize = 4;
 /// How long after a fetch its range set is saved (the saves of the
 /// fetches of that time are one).
 pub const SAVE_DELAY: Duration = Duration::from_millis(500);
-
-/// What is persisted beside each mirror file.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct State {
-    /// Key relative to the store's prefix.
-    pub rel: String,
-    pub etag: String,
-    pub size: u64,
-    pub mtime: i64,
-    /// Inode of the mirror file this state describes.
-    pub ino: u64,
-    pub ranges: Vec<(u64, u64)>,
-    /// The disk cache's tick when this was saved: the last use of the
-    /// file, for the eviction order after a restart (0: unknown).
-    #[serde(default)]
-    pub used: u64,
-}
 
 struct Fetching {
     present: RangeSet,
@@ -194,74 +186,6 @@ impl RemoteFile {
         budget.added(r.id, &held, Kind::Block, tick);
         r.measure();
         Ok(r)
-    }
-
-    /// Tells the disk cache what the mirror file occupies now (after a
-    /// change of its bytes on disk).
-    fn measure(&self) {
-        self.budget.measure(self.id, || self.allocated());
-    }
-
-    /// Frees on disk the bytes of the mirror file that no range holds
-    /// (left by a crash between saving the state and freeing them).
-    pub fn free_missing(&self) {
-        let st = self.st.lock();
-        for m in st.present.missing(0..self.size) {
-            self.punch(&st.present, m);
-        }
-        drop(st);
-        self.measure();
-    }
-
-    /// Frees the pages of bytes `r` (no longer present) that hold no
-    /// present byte. A file system that cannot punch holes keeps them
-    /// (logged once per file): the limit is then not kept on disk. The
-    /// last page of a file whose size is not a whole number of pages is
-    /// punched whole (past the end: the size is kept), else the file
-    /// system would only zero it and keep its block.
-    fn punch(&self, present: &RangeSet, r: Range<u64>) {
-        let page = self.budget.page();
-        let down = r.start / page * page;
-        let up = r.end.div_ceil(page).saturating_mul(page);
-        let holds = |x: Range<u64>| x.start < x.end && present.missing(x.clone()) != [x];
-        let a = if holds(down..r.start) {
-            r.start.div_ceil(page) * page
-        } else {
-            down
-        };
-        let z = if holds(r.end..up) {
-            r.end / page * page
-        } else {
-            up
-        };
-        if a >= z {
-            return;
-        }
-        // SAFETY: fallocate on a descriptor this struct owns; it changes
-        // only the file's bytes in [a, z), which no range claims.
-        let rc = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                a as libc::off_t,
-                (z - a) as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            log::warn!(
-                "{}: cannot free bytes {a}..{z} of the cache: {}",
-                self.name(),
-                io::Error::last_os_error()
-            );
-        }
-    }
-
-    /// Stops accounting this file in the disk cache, for good: its mirror
-    /// file is being moved out of the cache (into the spool of a writable
-    /// mount), so nothing of it may ever be freed.
-    pub fn leave_cache(&self) {
-        self.st.lock().detached = true;
-        self.budget.detach(self.id);
     }
 
     fn name(&self) -> String {
@@ -581,332 +505,4 @@ impl RemoteFile {
             mtime: self.mtime,
         }
     }
-
-    /// Queues a save of the range set for the saver thread (or, when it
-    /// cannot run, saves it now).
-    fn save_later(&self) {
-        if self.dirty.swap(true, Ordering::AcqRel) {
-            return; // queued already
-        }
-        if !*SAVER {
-            self.save_if_dirty();
-            return;
-        }
-        SAVES.lock().push(self.this.clone());
-        SAVES_CV.notify_one();
-    }
-
-    /// Saves the range set if fetches changed it since the last save. A
-    /// failure only costs refetching after a restart.
-    fn save_if_dirty(&self) {
-        let _saving = self.saving.lock();
-        if !self.dirty.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        if let Err(e) = self.save_locked() {
-            log::warn!(
-                "{}: cannot save the cache state: {e}",
-                self.state_path.display()
-            );
-        }
-    }
-
-    /// Saves the state: the ranges present now, after syncing the mirror
-    /// file. Every range in the set was written before it was marked
-    /// present (by any thread), so the set taken before the sync never
-    /// claims bytes a crash could lose. Saves are serialized (`saving`),
-    /// so an older set never replaces a newer one; the sync runs without
-    /// the state lock, so readers are not held up by it.
-    pub fn persist_now(&self) -> io::Result<()> {
-        let _saving = self.saving.lock();
-        self.dirty.store(false, Ordering::Release);
-        self.save_locked()
-    }
-
-    /// [`Self::persist_now`] for a caller that holds `saving`.
-    fn save_locked(&self) -> io::Result<()> {
-        if self.forgotten.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let present = self.st.lock().present.pairs();
-        self.file.sync_data()?;
-        self.write_state(present)
-    }
-
-    /// [`Self::persist_now`] for a caller that holds `saving` and the
-    /// state lock.
-    fn persist_locked(&self, st: &Fetching) -> io::Result<()> {
-        self.file.sync_data()?;
-        self.write_state(st.present.pairs())
-    }
-
-    fn write_state(&self, ranges: Vec<(u64, u64)>) -> io::Result<()> {
-        let state = State {
-            rel: self.rel.clone(),
-            etag: self.etag.clone(),
-            size: self.size,
-            mtime: self.mtime,
-            ino: self.ino,
-            ranges,
-            used: self.budget.now(),
-        };
-        ckptfs_format::fsutil::write_private(&self.state_path, |w| {
-            serde_json::to_writer(w, &state).map_err(io::Error::other)
-        })
-    }
-
-    /// Removes the persisted state (the version is gone) and stops
-    /// accounting the file in the disk cache.
-    pub fn forget(&self) {
-        let _saving = self.saving.lock();
-        self.forgotten.store(true, Ordering::Release);
-        let _ = std::fs::remove_file(&self.state_path);
-        self.budget.detach(self.id);
-    }
-}
-
-impl Evict for RemoteFile {
-    /// Gives back the ranges that no decode pins, and `Meta` ones only
-    /// while nothing uses the file. The state is saved without them
-    /// before their pages are freed, so it never claims freed bytes.
-    fn evict(&self, ranges: &[(Range<u64>, Kind)]) -> Vec<Range<u64>> {
-        let _saving = self.saving.lock();
-        let mut st = self.st.lock();
-        if st.detached {
-            return Vec::new();
-        }
-        let give: Vec<Range<u64>> = ranges
-            .iter()
-            .filter(|(r, k)| {
-                (*k == Kind::Block || st.users == 0)
-                    && !st.pins.iter().any(|p| p.start < r.end && r.start < p.end)
-            })
-            .map(|(r, _)| r.clone())
-            .collect();
-        log::trace!(
-            "{}: evict {ranges:?} ({} users, pins {:?}): {give:?}",
-            self.rel,
-            st.users,
-            st.pins
-        );
-        if give.is_empty() {
-            return give;
-        }
-        let before = st.present.clone();
-        for r in &give {
-            st.present.remove(r.clone());
-        }
-        if let Err(e) = self.persist_locked(&st) {
-            log::warn!(
-                "{}: cannot save the cache state, nothing evicted: {e}",
-                self.state_path.display()
-            );
-            st.present = before;
-            return Vec::new();
-        }
-        // Pages shared with bytes being fetched stay too: on a file system
-        // whose blocks are larger than the 4 KiB a fetch is aligned to, a
-        // fetch may be writing into the page that holds an evicted range.
-        let keep = st.held_or_fetching();
-        for r in &give {
-            self.punch(&keep, r.clone());
-        }
-        give
-    }
-
-    /// The mirror file's `st_blocks` in bytes (an `fstat`, no lock), less
-    /// the pages of fetches in progress (not yet accounted: counted once
-    /// they are).
-    fn allocated(&self) -> Option<u64> {
-        let m = self.file.metadata().ok()?;
-        let busy = self.unaccounted.load(Ordering::Relaxed);
-        Some((m.blocks() * 512).saturating_sub(busy))
-    }
-}
-
-/// Keeps the ranges of one block decode from eviction while it lives.
-pub struct Pin<'a> {
-    file: &'a RemoteFile,
-    ranges: Vec<Range<u64>>,
-}
-
-impl Drop for Pin<'_> {
-    /// Unpins, then gives back what the pin kept over the limit.
-    fn drop(&mut self) {
-        {
-            let mut st = self.file.st.lock();
-            for r in &self.ranges {
-                if let Some(i) = st.pins.iter().position(|p| p == r) {
-                    st.pins.swap_remove(i);
-                }
-            }
-        }
-        self.file.budget.relax();
-    }
-}
-
-/// A use of a remote file (an open archive's map, an open plain file):
-/// while one lives, only block payloads of the file may be evicted.
-pub struct InUse(Arc<RemoteFile>);
-
-impl InUse {
-    pub fn new(r: Arc<RemoteFile>) -> InUse {
-        r.st.lock().users += 1;
-        InUse(r)
-    }
-
-    pub fn file(&self) -> &Arc<RemoteFile> {
-        &self.0
-    }
-}
-
-impl Drop for InUse {
-    /// Ends the use, then gives back what it kept over the limit.
-    fn drop(&mut self) {
-        self.0.st.lock().users -= 1;
-        self.0.budget.relax();
-    }
-}
-
-impl std::ops::Deref for InUse {
-    type Target = RemoteFile;
-    fn deref(&self) -> &RemoteFile {
-        &self.0
-    }
-}
-
-/// Files whose range set is to be saved by the saver thread.
-static SAVES: Mutex<Vec<std::sync::Weak<RemoteFile>>> = Mutex::new(Vec::new());
-static SAVES_CV: Condvar = Condvar::new();
-/// The saver thread, started at the first save (false: it could not be
-/// started; saves are then made by the fetching thread).
-static SAVER: LazyLock<bool> = LazyLock::new(|| {
-    let spawned = std::thread::Builder::new()
-        .name("ckptfs-s3-save".into())
-        .spawn(|| loop {
-            {
-                let mut q = SAVES.lock();
-                while q.is_empty() {
-                    SAVES_CV.wait(&mut q);
-                }
-            }
-            // Gather the fetches of the next moments into the same save.
-            std::thread::sleep(SAVE_DELAY);
-            let due = std::mem::take(&mut *SAVES.lock());
-            for f in due.iter().filter_map(std::sync::Weak::upgrade) {
-                f.save_if_dirty();
-            }
-        });
-    if let Err(e) = &spawned {
-        log::warn!("no background saves of the disk cache's state: {e}");
-    }
-    spawned.is_ok()
-});
-
-/// Saves now every range set not saved yet (the daemon is exiting), and
-/// waits for a save in progress.
-pub fn save_all() {
-    let queued = std::mem::take(&mut *SAVES.lock());
-    for f in queued.iter().filter_map(std::sync::Weak::upgrade) {
-        f.save_if_dirty();
-    }
-    let all: Vec<Arc<RemoteFile>> = REGISTRY.read().values().cloned().collect();
-    for f in all {
-        f.save_if_dirty();
-    }
-}
-
-/// Reads a persisted state (None when missing or unreadable).
-pub fn load_state(path: &Path) -> Option<State> {
-    let bytes = std::fs::read(path).ok()?;
-    serde_json::from_slice(&bytes).ok()
-}
-
-/// Mirror files by (device, inode).
-type Registry = RwLock<HashMap<(u64, u64), Arc<RemoteFile>>>;
-static REGISTRY: LazyLock<Registry> = LazyLock::new(|| RwLock::new(HashMap::new()));
-static REGISTERED: AtomicUsize = AtomicUsize::new(0);
-
-/// Makes `remote` the source of the mirror file it writes.
-pub fn register(remote: &Arc<RemoteFile>) -> io::Result<()> {
-    let m = remote.file.metadata()?;
-    REGISTRY.write().insert((m.dev(), m.ino()), remote.clone());
-    REGISTERED.fetch_add(1, Ordering::Relaxed);
-    Ok(())
-}
-
-/// The remote object an open mirror file is a copy of, if any.
-pub fn lookup(file: &File) -> Option<Arc<RemoteFile>> {
-    if REGISTERED.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
-    let m = file.metadata().ok()?;
-    REGISTRY.read().get(&(m.dev(), m.ino())).cloned()
-}
-
-/// A plain file at most this large is fetched whole when opened (one
-/// request); a larger one is read by ranges, in aligned pieces of this
-/// size ([`InUse::pin_for_read`]).
-pub const PLAIN_CHUNK: u64 = PART;
-/// Pieces of a plain file fetched ahead of a reader going through it in
-/// order.
-const PLAIN_AHEAD: u64 = 2;
-
-/// Prepares a plain (non-archive) mirror file to be served, for the
-/// mount's open of a plain file, which keeps the returned use while the
-/// file is open. A file of at most [`PLAIN_CHUNK`] bytes, or one wanted
-/// whole (`whole`: opened for writing), is fetched whole now, and its bytes
-/// are then never evicted while open; a larger one is left to be fetched
-/// by the reads ([`InUse::pin_for_read`]). A file that is not a mirror
-/// file is left alone (None). The flag says whether the file is complete
-/// on return (it may then be served by the kernel directly).
-pub fn open_plain(file: &File, whole: bool) -> io::Result<Option<(InUse, bool)>> {
-    let Some(r) = lookup(file) else {
-        return Ok(None);
-    };
-    let u = InUse::new(r);
-    if whole || u.size <= PLAIN_CHUNK || u.is_complete() {
-        u.ensure(0..u.size)?;
-        return Ok(Some((u, true)));
-    }
-    Ok(Some((u, false)))
-}
-
-/// Fills a whole plain (non-archive) mirror file ([`open_plain`] with
-/// `whole`).
-pub fn fill_whole(file: &File) -> io::Result<Option<InUse>> {
-    Ok(open_plain(file, true)?.map(|(u, _)| u))
-}
-
-impl InUse {
-    /// Makes bytes `range` of a plain file present for a read, and keeps
-    /// them from eviction until the returned pin is dropped. Whole aligned
-    /// pieces of [`PLAIN_CHUNK`] are fetched (a read of a large file
-    /// mostly comes in 128 KiB to 1 MiB requests: one GET each would cost
-    /// a round trip per request); when the piece before the read's first
-    /// is held or being fetched, the reader is going through the file in
-    /// order, and the next [`PLAIN_AHEAD`] pieces are fetched in the
-    /// background.
-    pub fn pin_for_read(&self, range: Range<u64>) -> io::Result<Pin<'_>> {
-        let size = self.size;
-        let start = range.start.min(size) / PLAIN_CHUNK * PLAIN_CHUNK;
-        let end = range.end.min(size).div_ceil(PLAIN_CHUNK) * PLAIN_CHUNK;
-        let end = end.max(start).min(size);
-        if start >= PLAIN_CHUNK && self.has_or_fetching(&[start - PLAIN_CHUNK..start]) {
-            let ahead = end..(end + PLAIN_AHEAD * PLAIN_CHUNK).min(size);
-            if !ahead.is_empty() {
-                self.0.prefetch(&[ahead]);
-            }
-        }
-        self.pin_all(&[start..end])
-    }
-}
-
-/// Fills a whole mirror file that is about to leave the cache (moved into
-/// the spool of a writable mount): it is never evicted after this.
-pub fn fill_and_take(file: &File) -> io::Result<()> {
-    if let Some(u) = fill_whole(file)? {
-        u.leave_cache();
-    }
-    Ok(())
 }

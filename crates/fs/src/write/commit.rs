@@ -181,7 +181,7 @@ impl CheckpointFs {
                 target.display()
             )
         };
-        match crate::hold::lock(dir, libc::LOCK_SH, true, waiting) {
+        match crate::hold::lock(dir, crate::hold::Mode::Shared, true, waiting) {
             Ok(g) => g,
             Err(e) => {
                 log::warn!("cannot take the commit lock of the store ({e}); committing anyway");
