@@ -44,7 +44,7 @@
 //! Must not be called under `ns`; takes it only to install.
 
 use super::delta_commit::Writer;
-use super::relations::{base_path_for, test_delay, test_pause, Relation, TempPath};
+use super::relations::{base_path_for, Relation, TempPath};
 use crate::archive_slot::version_of;
 use crate::namespace;
 use crate::{CheckpointFs, FsError, Result};
@@ -410,7 +410,7 @@ impl CheckpointFs {
     /// Settles `target`'s family; false if the daemon is stopping before
     /// it is done.
     fn settle_family(&self, target: &Path) -> bool {
-        test_delay("settle");
+        crate::hooks::delay("settle");
         let t0 = std::time::Instant::now();
         match self.demote_predecessors(target) {
             Ok(done) => {
@@ -705,7 +705,7 @@ impl CheckpointFs {
             self.store.rename_in(&t.tmp.0, &t.to)?;
             self.store.sync_dir(parent(&t.to))?;
         }
-        test_pause("family");
+        crate::hooks::pause("family");
         self.store.unlink(&p)?;
         self.store.sync_dir(parent(&p))?;
         self.rebase_inode(&p, p_delta.file_name().unwrap_or_default());

@@ -160,56 +160,6 @@ fn bad(path: &Path, e: impl std::fmt::Display) -> FsError {
 
 static TMP: AtomicU64 = AtomicU64::new(0);
 
-/// Test hook: with `CKPTFS_TEST_PAUSE=POINT` in its environment, the
-/// daemon (or `ckptfs repack`) logs and stops for good at POINT (a test
-/// then kills it with SIGKILL there): `standalone` (a delta's `.zstn`
-/// installed by `make_standalone`, its `.z4dm` not yet removed),
-/// `release` (a dependent of a released base rewritten, the released
-/// file not yet removed), `rename` (a rename done, trailers not yet
-/// rewritten), `delta-commit` (a delta committed, the staged copy and the
-/// old version not yet removed), `family` (a predecessor's `.z4dm`
-/// installed, its `.zstn` not yet removed). `POINT@N` stops at the Nth
-/// pass instead of the first.
-pub(crate) fn test_pause(point: &str) {
-    static PASSED: AtomicU64 = AtomicU64::new(0);
-    let Some(v) = std::env::var_os("CKPTFS_TEST_PAUSE") else {
-        return;
-    };
-    let v = v.to_string_lossy();
-    let (at, nth) = match v.split_once('@') {
-        Some((at, n)) => (at, n.parse::<u64>().unwrap_or(1)),
-        None => (&*v, 1),
-    };
-    if at == point && PASSED.fetch_add(1, Ordering::Relaxed) + 1 >= nth {
-        log::warn!("test hook: paused at {point}");
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
-    }
-}
-
-/// A test hook: with `CKPTFS_TEST_DELAY=POINT:MS` in its environment, the
-/// daemon waits MS milliseconds each time it passes POINT (at most 10 s):
-/// `open-staged` (an open of a staged file, between its look at the inode's
-/// kind and its choice of io mode), to let a commit run in that window;
-/// `archive-parse` (before an archive version not seen yet is opened and
-/// parsed), to let the file be replaced or removed in that window;
-/// `settle` (before the family thread settles a committed file's family),
-/// to unmount or kill the daemon with families queued.
-pub(crate) fn test_delay(point: &str) {
-    let Some(v) = std::env::var_os("CKPTFS_TEST_DELAY") else {
-        return;
-    };
-    let v = v.to_string_lossy();
-    if let Some(ms) = v
-        .strip_prefix(point)
-        .and_then(|r| r.strip_prefix(':'))
-        .and_then(|ms| ms.parse::<u64>().ok())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(ms.min(10_000)));
-    }
-}
-
 impl CheckpointFs {
     /// Every delta relation in STORE (see the module doc).
     pub(crate) fn relations(&self) -> Vec<Relation> {
@@ -383,7 +333,7 @@ impl CheckpointFs {
             if !due {
                 continue;
             }
-            test_delay("release");
+            crate::hooks::delay("release");
             match self.release_one(&r, MAX_CHAIN) {
                 Ok(()) => {
                     self.relation_cache.retry.lock().remove(&r);
@@ -569,7 +519,7 @@ impl CheckpointFs {
             self.store.rename_in(&t.0, &new_rel)?;
             self.store.sync_dir(parent(&new_rel))?;
         }
-        test_pause("release");
+        crate::hooks::pause("release");
         for t in &todo {
             self.store.rename_in(&t.tmp.0, &t.to)?;
             self.store.sync_dir(parent(&t.to))?;
@@ -694,7 +644,7 @@ impl CheckpointFs {
             })?;
             drop(plain);
             self.install(&tmp, &like, &new_rel)?;
-            test_pause("standalone");
+            crate::hooks::pause("standalone");
         }
         // Else a crash left the standalone copy in place already.
         let fp = self
@@ -863,7 +813,7 @@ impl CheckpointFs {
         if fixes.is_empty() {
             return Ok(());
         }
-        test_pause("rename");
+        crate::hooks::pause("rename");
         for (d, b) in fixes {
             if self.store.lstat(d).is_ok() {
                 if let Err(e) = self.retarget(d, b, None) {
