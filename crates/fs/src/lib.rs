@@ -27,7 +27,9 @@
 //!   window; [`stats`]: counters of reads and block decodes;
 //! - [`spool`] and `write`: files written through the mount, staged and
 //!   compressed after their last close; `sys`: the libc calls they need;
-//!   [`hold`]: commits paused while `ckptfs hold` backs STORE up.
+//!   [`hold`]: commits paused while `ckptfs hold` backs STORE up;
+//! - `hooks`: points where a test stops or delays the daemon (debug
+//!   builds only).
 //!
 //! Freshness: every `lookup` and `getattr` re-stats the backing path, and
 //! directory listings are read from STORE at `opendir`, so files that
@@ -72,6 +74,7 @@ pub mod error;
 mod gguf_view;
 mod handles;
 pub mod hold;
+mod hooks;
 pub mod inode;
 pub mod namespace;
 mod ns_lock;

@@ -220,7 +220,7 @@ impl CheckpointFs {
                 // that two opens of the inode never choose differently.
                 let staged = matches!(kind, NodeKind::Staged { .. });
                 if staged {
-                    super::write::test_delay("open-staged");
+                    crate::hooks::delay("open-staged");
                 }
                 let mut ns = None;
                 loop {

@@ -333,7 +333,7 @@ impl CheckpointFs {
             sink.published(rel, &self.store.path().join(rel), tag);
         }
         if matches!(how, Some(Some(_))) {
-            super::relations::test_pause("delta-commit");
+            crate::hooks::pause("delta-commit");
         }
         self.clear_name(dir_rel, name, Some(&backing), Some(id))?;
         let m = self.store.lstat(&dir_rel.join(&backing))?;

@@ -50,7 +50,6 @@ mod writers;
 
 pub(super) use family::FamilyQueue;
 pub(super) use queue::WritebackQueue;
-pub(super) use relations::test_delay;
 pub(super) use relations::RelationCache;
 
 use super::inode::{Inode, NodeKind};

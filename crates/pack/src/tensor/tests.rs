@@ -1,5 +1,8 @@
+use super::planes::sum_histograms;
+use super::xor::{non_stationary, small_planes_frame, sparse_frame, xor_byteplane_frame};
 use super::*;
 use ckptfs_codec::frame::DecodeFrame;
+use ckptfs_codec::rans;
 use ckptfs_codec::rans::adaptive::AdaptiveDecode;
 use ckptfs_codec::rans::AdaptivePayload;
 use ckptfs_format::frame::Frame;
