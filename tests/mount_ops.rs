@@ -224,7 +224,11 @@ fn stats_count_known_reads_writes_and_errors() {
     assert_eq!(s1["decoded_again"], 0, "{s1}");
     assert!(s1["blocks_decoded"].as_u64().unwrap() >= 6, "{s1}");
     assert!(s1["decode_seconds"].as_f64().unwrap() > 0.0, "{s1}");
-    assert!(s1["cache_misses"].as_u64().unwrap() >= 6, "{s1}");
+    // Every block was asked of the cache; a block the read-ahead decoded
+    // before the read came is a hit, not a miss (under load it often is).
+    let asked = s1["cache_misses"].as_u64().unwrap() + s1["cache_hits"].as_u64().unwrap();
+    assert!(asked >= 6, "{s1}");
+    assert!(s1["cache_misses"].as_u64().unwrap() >= 1, "{s1}");
     assert!(s1["cache_bytes"].as_u64().unwrap() > 0, "{s1}");
     let enoent = |s: &serde_json::Value| s["errors"]["ENOENT"].as_u64().unwrap_or(0);
     assert!(std::fs::metadata(m.path("no-such-file-here")).is_err());
