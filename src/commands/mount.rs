@@ -35,7 +35,7 @@ mod logger;
 mod table;
 mod umount;
 
-pub(super) use foreground::{foreground, MoreMetric};
+pub(super) use foreground::{foreground, MoreMetric, StoreParts};
 pub(super) use logger::{init_logger, SYSLOG};
 use table::mountinfo_has;
 pub(super) use table::{ckptfs_mount_of, in_ckptfs_mount};
@@ -156,8 +156,7 @@ pub fn run(_g: Global, a: MountArgs, threads: Option<usize>) -> Result<ExitCode>
             mountpoint,
             cache_bytes,
             threads,
-            None,
-            Vec::new(),
+            StoreParts::default(),
         )
     } else {
         background(&a, &mountpoint, threads)

@@ -22,7 +22,7 @@
 //! two daemons filling one mirror would race on its files, and the spool
 //! is the daemon's own.
 
-use super::mount::{background, foreground, init_logger, parse_size, SYSLOG};
+use super::mount::{background, foreground, init_logger, parse_size, StoreParts, SYSLOG};
 use super::Result;
 use crate::cli::MountArgs;
 use crate::fs::sink::Sink;
@@ -173,12 +173,15 @@ pub fn run(a: MountArgs, url: S3Url, threads: Option<usize>) -> Result<ExitCode>
         mountpoint,
         cache_bytes,
         threads,
-        sink,
-        s3_metrics(disk),
+        StoreParts {
+            sources: Some(mirror.clone()),
+            sink,
+            more_metrics: s3_metrics(disk),
+        },
     );
     // The range sets fetched since the last background save: the next
     // mount serves those bytes without the server.
-    crate::store::remote::save_all();
+    mirror.save_all();
     if let Some(l) = lease {
         l.release();
     }
@@ -358,7 +361,7 @@ impl Sink for S3Sink {
         );
     }
     fn fill(&self, _rel: &Path, local: &Path) -> io::Result<()> {
-        crate::store::remote::fill_and_take(&std::fs::File::open(local)?)
+        self.0.fill_and_take(&std::fs::File::open(local)?)
     }
     fn describe(&self, rel: &Path) -> String {
         self.0.client().url().display(&rel.to_string_lossy())

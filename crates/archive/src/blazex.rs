@@ -33,8 +33,8 @@
 //! is None (`--require-checksums` refuses it) and [`ArchiveView::uncovered`]
 //! says what no checksum covers (verify, info and the mount's log say it).
 //!
-//! Over a remote object's local copy (`Backing::Remote`), opening has
-//! fetched the prelude and the header only (`super::remote_metadata`), so
+//! Over a remote object's local copy (a remote [`ByteSource`]), opening has
+//! fetched the prelude and the header only (`super::fetch_metadata`), so
 //! listing the directory and reading `config.json`, `tokenizer.json` or a
 //! sidecar moves no tensor bytes. A tensor is fetched whole when any block
 //! of it is first read (its xxh3 covers it whole), and pinned in the disk
@@ -44,11 +44,12 @@
 //! hashed again. A failed fetch is an I/O error, not kept.
 
 use super::frame_block::{block_index, io_error, shared_grid, GridCell};
-use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
+use super::{ArchiveError, ArchiveView, BlockKey, Grid, Kind, Result, Segment};
 use base64::Engine as _;
 use ckptfs_format::blazex::{self, Header, HeaderCover, Parsed, TensorEntry};
 use ckptfs_format::digest::xxh3_64;
 use ckptfs_store::remote::Pin;
+use ckptfs_store::source::ByteSource;
 use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};
 use std::fs::File;
@@ -88,7 +89,7 @@ struct Unit {
 
 pub struct BlazexArchive {
     path: PathBuf,
-    map: Backing,
+    map: Box<dyn ByteSource>,
     parsed: Parsed,
     files: Vec<Presented>,
     /// `model.safetensors`'s header (8-byte length, JSON, padding).
@@ -115,15 +116,15 @@ impl BlazexArchive {
             source,
         };
         let file = File::open(path).map_err(io)?;
-        BlazexArchive::from_backing(Backing::map(&file).map_err(io)?, path)
+        BlazexArchive::from_source(ckptfs_store::source::map_file(&file).map_err(io)?, path)
     }
 
     /// An archive over bytes in memory; `name` is used in messages.
     pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<BlazexArchive> {
-        BlazexArchive::from_backing(Backing::Owned(bytes), name)
+        BlazexArchive::from_source(Box::new(bytes), name)
     }
 
-    pub fn from_backing(map: Backing, path: &Path) -> Result<BlazexArchive> {
+    pub fn from_source(map: Box<dyn ByteSource>, path: &Path) -> Result<BlazexArchive> {
         let parsed = blazex::parse(map.bytes()).map_err(|source| match source {
             // Not the archive's fault: an I/O-like error, tried again later.
             blazex::BlazexError::OutOfMemory { .. } => {

@@ -23,18 +23,29 @@ use super::frame_block::{
     decode_unit_block, frame_grid, frame_unit_grid, io_error, GridCell, GridError,
 };
 use super::path_index::PathIndex;
-use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
+use super::{ArchiveError, ArchiveView, BlockKey, Grid, Kind, Result, Segment};
 use base64::Engine as _;
 use ckptfs_format::blz::{
     self, BlobEntry, BlzError, Content, Encoding, FileEntry, Header as BlzHeader, Parsed, Stored,
 };
 use ckptfs_format::digest::{xxh3_64, Xxh3};
 use ckptfs_format::safetensors::Header as StHeader;
+use ckptfs_store::source::ByteSource;
 use sha2::{Digest as _, Sha256};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+
+/// Fetches, from a source whose bytes are fetched, what opening a `.blz`
+/// reads (ckptfs's, or BLAZE-X's, whose prelude is `prelude` bytes long
+/// and likewise names its header's length at byte 12): the prelude and
+/// the header; blobs and tensors are fetched when first used.
+pub(crate) fn fetch_metadata(b: &dyn ByteSource, prelude: u64) -> std::io::Result<()> {
+    let len = b.bytes().len() as u64;
+    let header_end = crate::u64_at(b, 12).map_or(len, |h| h.saturating_add(prelude).min(len));
+    b.ensure(0..header_end)
+}
 
 /// One blob: its grid, built and checked on first use.
 struct Unit {
@@ -61,7 +72,7 @@ struct Slot {
 
 pub struct BlzArchive {
     path: PathBuf,
-    map: Backing,
+    map: Box<dyn ByteSource>,
     parsed: Parsed,
     units: Vec<Unit>,
     slots: Vec<Slot>,
@@ -93,15 +104,15 @@ impl BlzArchive {
             source,
         };
         let file = File::open(path).map_err(io)?;
-        BlzArchive::from_backing(Backing::map(&file).map_err(io)?, path)
+        BlzArchive::from_source(ckptfs_store::source::map_file(&file).map_err(io)?, path)
     }
 
     /// An archive over bytes in memory; `name` is used in messages.
     pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<BlzArchive> {
-        BlzArchive::from_backing(Backing::Owned(bytes), name)
+        BlzArchive::from_source(Box::new(bytes), name)
     }
 
-    pub(crate) fn from_backing(map: Backing, path: &Path) -> Result<BlzArchive> {
+    pub(crate) fn from_source(map: Box<dyn ByteSource>, path: &Path) -> Result<BlzArchive> {
         let parsed = blz::parse(map.bytes()).map_err(|source| match source {
             // Not the archive's fault: an I/O-like error, tried again later.
             BlzError::OutOfMemory(_) => super::out_of_memory(path, source.to_string()),
@@ -615,7 +626,9 @@ impl ArchiveView for BlzArchive {
             .then(|| self.blob(unit))
             .filter(|b| b.encoding == Encoding::Z4aiFrame)
             .map(|b| (self.blob_range(unit), b.decoded_length));
-        frame_unit_grid(self, &self.map, unit, cell, frame, || self.build_grid(unit))
+        frame_unit_grid(self, &*self.map, unit, cell, frame, || {
+            self.build_grid(unit)
+        })
     }
 
     fn will_need(&self, unit: u32) {
@@ -643,7 +656,7 @@ impl ArchiveView for BlzArchive {
         match blob.encoding {
             Encoding::Z4aiFrame => decode_remote_frame_block(
                 self,
-                &self.map,
+                &*self.map,
                 &frame,
                 blob.decoded_length,
                 &grid,
@@ -654,7 +667,7 @@ impl ArchiveView for BlzArchive {
                 let span = grid.span(b);
                 let payload = vec![frame.start + span.start..frame.start + span.end];
                 let _pin = self.map.pin_all(&payload).map_err(|e| io_error(self, e))?;
-                decode_refetching_once(&self.map, &frame, None, payload, decode)
+                decode_refetching_once(&*self.map, &frame, None, payload, decode)
             }
         }
     }

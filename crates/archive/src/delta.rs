@@ -44,11 +44,10 @@
 //! and where it comes from, `blocks.rs` the block grids and block decoding.
 
 use crate::frame_block::{decode_remote_frame_block, frame_unit_grid, io_error, GridCell};
-use crate::{
-    sparse_cache, ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment,
-};
+use crate::{sparse_cache, ArchiveError, ArchiveView, BlockKey, Grid, Kind, Result, Segment};
 use ckptfs_format::delta::{DeltaKind, Head, RecordHead, Trailer};
 use ckptfs_format::digest::{xxh3_64, Xxh3};
+use ckptfs_store::source::ByteSource;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,7 +57,7 @@ mod base;
 mod blocks;
 mod open;
 
-pub use base::{open_base, Base, BaseBlocks, BaseFs, LocalFs};
+pub use base::{open_base, Base, BaseBlocks, BaseFs, LocalFs, LocalSources};
 pub(crate) use open::fetch_metadata;
 pub use open::presented_len_of_head;
 
@@ -90,7 +89,7 @@ struct Unit {
 
 pub struct DeltaArchive {
     path: PathBuf,
-    map: Backing,
+    map: Box<dyn ByteSource>,
     head: Head,
     trailer: Trailer,
     records: Vec<RecordHead>,
@@ -258,7 +257,7 @@ impl ArchiveView for DeltaArchive {
         let frame = u
             .filter(|u| u.kind != DeltaKind::Copy)
             .map(|u| (file_range(&u.frame), u.len));
-        frame_unit_grid(self, &self.map, unit, u.map(|u| &u.grid), frame, || {
+        frame_unit_grid(self, &*self.map, unit, u.map(|u| &u.grid), frame, || {
             self.build_grid(unit)
         })
     }
@@ -277,7 +276,7 @@ impl ArchiveView for DeltaArchive {
         let b = super::frame_block::block_index(self, key, &grid)?;
         decode_remote_frame_block(
             self,
-            &self.map,
+            &*self.map,
             &file_range(&u.frame),
             u.len,
             &grid,

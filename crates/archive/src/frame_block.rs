@@ -8,7 +8,7 @@
 //! sub-tensor blocks of whole elements; any other frame (most z4ai frames)
 //! is one block.
 //!
-//! Over a remote object's local copy (`Backing::Remote`), a frame is read
+//! Over a remote object's local copy (a remote [`ByteSource`]), a frame is read
 //! in two steps: its structure when its grid is first built
 //! ([`fetch_frame_structure`]), then each block's payload when the block
 //! is decoded ([`block_file_ranges`]), so a small read moves about one
@@ -16,7 +16,7 @@
 //! before the failure stands ([`shared_grid_refetching_once`],
 //! [`decode_remote_frame_block`]).
 
-use super::{ArchiveError, ArchiveView, Backing, BlockKey, Result};
+use super::{ArchiveError, ArchiveView, BlockKey, Result};
 use ckptfs_codec::frame::DecodeElements;
 use ckptfs_codec::frame::DecodeFrame;
 use ckptfs_codec::frame::RansTables;
@@ -24,6 +24,7 @@ use ckptfs_codec::CodecError;
 use ckptfs_format::ckx;
 use ckptfs_format::frame::{block_grid, Frame};
 use ckptfs_store::remote::Pin;
+use ckptfs_store::source::ByteSource;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
@@ -145,7 +146,7 @@ pub(crate) fn in_file(frame: &Range<u64>, rel: &[Range<usize>]) -> Vec<Range<u64
 /// built). Returns the file ranges fetched (to fetch again when a check
 /// fails) and the pin. `decoded_len` is the frame's decoded length.
 pub(crate) fn fetch_frame_structure<'m>(
-    map: &'m Backing,
+    map: &'m dyn ByteSource,
     frame: &Range<u64>,
     decoded_len: u64,
 ) -> std::io::Result<(Vec<Range<u64>>, Option<Pin<'m>>)> {
@@ -191,7 +192,7 @@ pub(crate) fn block_file_ranges(
 /// `frame` is a z4ai frame (`Some((bytes, decoded_len))`, else the block's
 /// bytes only), and decodes once more.
 pub(crate) fn decode_refetching_once(
-    map: &Backing,
+    map: &dyn ByteSource,
     file_range: &Range<u64>,
     frame: Option<(&[u8], u64)>,
     payload: Vec<Range<u64>>,
@@ -222,7 +223,7 @@ pub(crate) fn decode_refetching_once(
 /// fetched again once before the failure is kept.
 pub(crate) fn shared_grid_refetching_once<A: ArchiveView + ?Sized>(
     a: &A,
-    map: &Backing,
+    map: &dyn ByteSource,
     unit: u32,
     cell: Option<&GridCell>,
     fetched: &[Range<u64>],
@@ -240,7 +241,7 @@ pub(crate) fn shared_grid_refetching_once<A: ArchiveView + ?Sized>(
 /// fetched first ([`fetch_frame_structure`], [`shared_grid_refetching_once`]).
 pub(crate) fn frame_unit_grid<A: ArchiveView + ?Sized>(
     a: &A,
-    map: &Backing,
+    map: &dyn ByteSource,
     unit: u32,
     cell: Option<&GridCell>,
     frame: Option<(Range<u64>, u64)>,
@@ -266,7 +267,7 @@ pub(crate) fn frame_unit_grid<A: ArchiveView + ?Sized>(
 /// `decoded_len` is the frame's decoded length.
 pub(crate) fn decode_remote_frame_block<A: ArchiveView + ?Sized>(
     a: &A,
-    map: &Backing,
+    map: &dyn ByteSource,
     frame: &Range<u64>,
     decoded_len: u64,
     grid: &Grid,

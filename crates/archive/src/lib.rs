@@ -32,9 +32,16 @@
 //! [`blz`] (ckptfs's model-directory archive), [`blazex`] (the `.blz`
 //! the `blazex` tool writes, presented as `blazex export` would) and
 //! [`delta`] (ckptfs's `.z4dm` delta against a base archive). Frame blocks shared by
-//! both live in [`frame_block`]; the bytes of an archive in [`backing`].
+//! both live in [`frame_block`].
+//!
+//! Every kind reads its bytes through a [`ByteSource`] (`ckptfs-store`): a
+//! local map, memory, or a remote object's sparse copy, whose bytes are
+//! fetched where a reader asks for them (`ensure_all`, `pin_all`). Each
+//! kind says what opening it reads (its `fetch_metadata`), so that a remote
+//! archive fetches that first, in few requests; what the caller opens a
+//! file as is decided by the [`ckptfs_store::source::Sources`] it passes
+//! ([`BaseFs::map`]).
 
-pub mod backing;
 pub mod blazex;
 pub mod blz;
 pub mod delta;
@@ -51,10 +58,10 @@ pub mod zstn;
 pub mod cache;
 pub mod z4delta;
 
-pub use backing::Backing;
 pub use blazex::BlazexArchive;
 pub use blz::BlzArchive;
-pub use delta::{BaseBlocks, BaseFs, DeltaArchive, LocalFs};
+pub use ckptfs_store::source::{self, ByteSource};
+pub use delta::{BaseBlocks, BaseFs, DeltaArchive, LocalFs, LocalSources};
 pub use frame_block::Grid;
 pub use zstn::ZstnArchive;
 
@@ -424,11 +431,16 @@ pub fn unsupported_kind(head: &[u8]) -> Option<&'static str> {
 
 /// Opens the archive at `path`, of whatever kind its first bytes say.
 pub fn open(path: &Path) -> Result<Arc<dyn ArchiveView>> {
+    open_with(path, &LocalFs)
+}
+
+/// [`open`] through `fs` (which maps the file, and opens a delta's base).
+pub fn open_with(path: &Path, fs: &dyn BaseFs) -> Result<Arc<dyn ArchiveView>> {
     let file = std::fs::File::open(path).map_err(|source| ArchiveError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    from_file(&file, path)
+    from_file_with(&file, path, fs)
 }
 
 /// Opens an archive from an open file (`path` names it in messages).
@@ -443,103 +455,74 @@ pub fn from_file_with(
     path: &Path,
     fs: &dyn BaseFs,
 ) -> Result<Arc<dyn ArchiveView>> {
-    let (backing, head) = map_with_head(file, path)?;
-    from_backing_in(backing, &head, path, fs, ckptfs_format::delta::MAX_CHAIN)
+    let (source, head) = map_with_head(file, path, fs)?;
+    from_source_in(source, &head, path, fs, ckptfs_format::delta::MAX_CHAIN)
 }
 
-/// Maps an open file and reads its first bytes (up to 8: what
-/// [`Kind::detect`] looks at). Over a remote copy, what opening the
-/// archive reads is fetched first ([`remote_metadata`]): the file's own
-/// bytes are not there until fetched.
-fn map_with_head(file: &std::fs::File, path: &Path) -> Result<(Backing, Vec<u8>)> {
+/// Maps an open file through `fs` and reads its first bytes (up to 8:
+/// what [`Kind::detect`] looks at). Over a source whose bytes are fetched,
+/// what opening the archive reads is fetched first ([`fetch_metadata`]).
+fn map_with_head(
+    file: &std::fs::File,
+    path: &Path,
+    fs: &dyn BaseFs,
+) -> Result<(Box<dyn ByteSource>, Vec<u8>)> {
     let io = |source| ArchiveError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let backing = Backing::map(file).map_err(io)?;
-    if backing.is_remote() {
-        remote_metadata(&backing).map_err(io)?;
-        let bytes = backing.bytes();
+    let source = fs.map(file).map_err(io)?;
+    if source.is_remote() {
+        fetch_metadata(&*source).map_err(io)?;
+        let bytes = source.bytes();
         let head = bytes[..bytes.len().min(8)].to_vec();
-        return Ok((backing, head));
+        return Ok((source, head));
     }
     let mut head = [0u8; 8];
     let n = (&*file).read(&mut head).map_err(io)?;
-    Ok((backing, head[..n].to_vec()))
+    Ok((source, head[..n].to_vec()))
 }
 
 /// Bytes of the head and of the tail of a remote archive fetched first
-/// when it is opened ([`remote_metadata`]).
+/// when it is opened ([`fetch_metadata`]).
 const OPEN_GUESS: u64 = 64 << 10;
 
-/// Fetches what opening a remote archive reads: for a ZSTN container with
-/// an index, its head (up to the first frame), its index and footer and
-/// its CKX1 block (frames are fetched when first used); for a `.blz`
-/// (ckptfs's or BLAZE-X's), its prelude and header (blobs and tensors are
-/// fetched when first used); for a delta, its head, record heads and
-/// trailer ([`delta::fetch_metadata`]); for any other kind, the whole
-/// object. Offsets read here are only used to choose what to fetch
-/// (clamped to the object); the parser checks them as usual.
-fn remote_metadata(b: &Backing) -> std::io::Result<()> {
+/// Fetches what opening an archive reads, when its bytes must be fetched:
+/// a guess first, the head and the tail at once, wide enough to hold a
+/// usual archive's header, index, footer and checksum block. Each exact
+/// range would otherwise be a request of its own, one after the other, and
+/// a request costs a round trip (about 45 ms against s3s-fs, whose
+/// responses wait for delayed ACKs), whatever its size. Then each kind
+/// fetches the exact ranges it reads ([`zstn::fetch_metadata`],
+/// [`blz::fetch_metadata`], [`delta::fetch_metadata`]); an object of no
+/// kind ckptfs reads is fetched whole (to say what it is).
+fn fetch_metadata(b: &dyn ByteSource) -> std::io::Result<()> {
     let len = b.bytes().len() as u64;
-    let u64_at = |at: u64| -> Option<u64> {
-        let s = b.bytes().get(at as usize..at.checked_add(8)? as usize)?;
-        Some(u64::from_le_bytes(s.try_into().ok()?))
-    };
-    // The head and the tail at once, wide enough to hold a usual
-    // archive's header, index, footer and checksum block: the exact
-    // ranges below are then mostly here already. Each of them would
-    // otherwise be a request of its own, one after the other, and a
-    // request costs a round trip (about 45 ms against s3s-fs, whose
-    // responses wait for delayed ACKs), whatever its size.
     let guess = OPEN_GUESS.min(len);
     b.ensure_all(&[0..guess, len - guess..len])?;
     b.ensure(0..22)?;
-    let bytes = b.bytes();
-    let prelude = match Kind::detect(bytes) {
-        Some(Kind::Blz) => Some(ckptfs_format::blz::PRELUDE_LEN),
-        Some(Kind::Blazex) => Some(ckptfs_format::blazex::PRELUDE_LEN),
-        _ => None,
-    };
-    if let Some(prelude) = prelude {
-        // Either .blz: the prelude (its header length at 12) and the
-        // header JSON; blobs and tensors are fetched when used.
-        let header_end = u64_at(12).map_or(len, |h| h.saturating_add(prelude).min(len));
-        return b.ensure(0..header_end);
+    match Kind::detect(b.bytes()) {
+        Some(Kind::Blz) => blz::fetch_metadata(b, ckptfs_format::blz::PRELUDE_LEN),
+        Some(Kind::Blazex) => blz::fetch_metadata(b, ckptfs_format::blazex::PRELUDE_LEN),
+        Some(Kind::Delta) => delta::fetch_metadata(b),
+        Some(Kind::Zstn) => zstn::fetch_metadata(b),
+        Some(Kind::GgufView) | None => b.ensure(0..len),
     }
-    if Kind::detect(bytes) == Some(Kind::Delta) {
-        return delta::fetch_metadata(b);
-    }
-    let indexed = Kind::detect(bytes) == Some(Kind::Zstn) && bytes.get(5) == Some(&1);
-    let footer = ckptfs_format::zstn::FOOTER_LEN;
-    if !indexed || len < 22 + footer {
-        return b.ensure(0..len);
-    }
-    let head_end = u64_at(6).map_or(len, |h| h.saturating_add(22).min(len));
-    b.ensure(0..head_end)?;
-    b.ensure(len - footer..len)?;
-    let index_offset = u64_at(len - footer).unwrap_or(0).min(len);
-    b.ensure(index_offset..len)?;
-    // The CKX1 block ends at the index with a 20-byte trailer naming its
-    // length (absent in z4ai-written files).
-    if index_offset >= 20 {
-        b.ensure(index_offset - 20..index_offset)?;
-        if b.bytes()
-            .get(index_offset as usize - 4..index_offset as usize)
-            == Some(b"CKX1")
-        {
-            let ext = u64_at(index_offset - 12).unwrap_or(0).min(index_offset);
-            b.ensure(index_offset - ext..index_offset)?;
-        }
-    }
-    Ok(())
+}
+
+/// The little-endian u64 at `at` of `b` (None past its end): offsets read
+/// to choose what to fetch, clamped by the caller to the object (the
+/// parser checks them as usual once fetched).
+pub(crate) fn u64_at(b: &dyn ByteSource, at: u64) -> Option<u64> {
+    let s = b.bytes().get(at as usize..at.checked_add(8)? as usize)?;
+    Some(u64::from_le_bytes(s.try_into().ok()?))
 }
 
 /// Opens an archive held in memory (`name` is used in messages).
 pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<Arc<dyn ArchiveView>> {
     let head = bytes[..bytes.len().min(8)].to_vec();
-    from_backing_in(
-        Backing::Owned(bytes),
+    from_source_in(
+        Box::new(bytes),
         &head,
         name,
         &LocalFs,
@@ -549,20 +532,20 @@ pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<Arc<dyn ArchiveView>> {
 
 /// `depth_left`: how deep a chain of deltas may still go (a delta's base
 /// is opened with one less).
-fn from_backing_in(
-    backing: Backing,
+fn from_source_in(
+    source: Box<dyn ByteSource>,
     head: &[u8],
     path: &Path,
     fs: &dyn BaseFs,
     depth_left: u32,
 ) -> Result<Arc<dyn ArchiveView>> {
     match Kind::detect(head) {
-        Some(Kind::Delta) => Ok(Arc::new(DeltaArchive::from_backing(
-            backing, path, fs, depth_left,
+        Some(Kind::Delta) => Ok(Arc::new(DeltaArchive::from_source(
+            source, path, fs, depth_left,
         )?)),
-        Some(Kind::Zstn) => Ok(Arc::new(ZstnArchive::from_backing(backing, path)?)),
-        Some(Kind::Blz) => Ok(Arc::new(BlzArchive::from_backing(backing, path)?)),
-        Some(Kind::Blazex) => Ok(Arc::new(BlazexArchive::from_backing(backing, path)?)),
+        Some(Kind::Zstn) => Ok(Arc::new(ZstnArchive::from_source(source, path)?)),
+        Some(Kind::Blz) => Ok(Arc::new(BlzArchive::from_source(source, path)?)),
+        Some(Kind::Blazex) => Ok(Arc::new(BlazexArchive::from_source(source, path)?)),
         None if unsupported_kind(head).is_some() => Err(ArchiveError::Unrecognised {
             path: path.to_path_buf(),
             what: format!(

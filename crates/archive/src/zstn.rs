@@ -27,13 +27,15 @@ use super::frame_block::{
     decode_unit_block, fetch_frame_structure, frame_grid, in_file, io_error, shared_grid,
     shared_grid_refetching_once, GridCell, GridError,
 };
-use super::{ArchiveError, ArchiveView, Backing, BlockKey, Grid, Kind, Result, Segment};
+use super::{ArchiveError, ArchiveView, BlockKey, Grid, Kind, Result, Segment};
 use ckptfs_codec::CodecError;
 use ckptfs_format::ckx::{self, Extension};
 use ckptfs_format::frame::Frame;
 use ckptfs_format::safetensors::{for_each_entry, Header, HeaderError, TensorEntry};
 use ckptfs_format::zstn::{IndexRecord, Layout, Record, RecordKind, Zstn};
+use ckptfs_store::read_ahead::{in_order, ReadAhead};
 use ckptfs_store::remote::Pin;
+use ckptfs_store::source::ByteSource;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -56,6 +58,38 @@ struct HeaderCheck {
     note: Option<String>,
 }
 
+/// Fetches, from a source whose bytes are fetched, what opening a ZSTN
+/// container reads: with an index, its head (up to the first frame), its
+/// index and footer and its CKX1 block (frames are fetched when first
+/// used); without one, the whole container.
+pub(crate) fn fetch_metadata(b: &dyn ByteSource) -> std::io::Result<()> {
+    let len = b.bytes().len() as u64;
+    let u64_at = |at| crate::u64_at(b, at);
+    let indexed = b.bytes().get(5) == Some(&1);
+    let footer = ckptfs_format::zstn::FOOTER_LEN;
+    if !indexed || len < 22 + footer {
+        return b.ensure(0..len);
+    }
+    let head_end = u64_at(6).map_or(len, |h| h.saturating_add(22).min(len));
+    b.ensure(0..head_end)?;
+    b.ensure(len - footer..len)?;
+    let index_offset = u64_at(len - footer).unwrap_or(0).min(len);
+    b.ensure(index_offset..len)?;
+    // The CKX1 block ends at the index with a 20-byte trailer naming its
+    // length (absent in z4ai-written files).
+    if index_offset >= 20 {
+        b.ensure(index_offset - 20..index_offset)?;
+        if b.bytes()
+            .get(index_offset as usize - 4..index_offset as usize)
+            == Some(b"CKX1")
+        {
+            let ext = u64_at(index_offset - 12).unwrap_or(0).min(index_offset);
+            b.ensure(index_offset - ext..index_offset)?;
+        }
+    }
+    Ok(())
+}
+
 fn strict_note(e: impl std::fmt::Display) -> String {
     format!("; note: not strict safetensors: {e}")
 }
@@ -67,19 +101,27 @@ fn loose_note(e: &str) -> String {
     )
 }
 
-/// Blocks a remote archive fetches together for a sequential reader (an
-/// aligned window: about 5.5 MB of compressed bf16).
-const READ_AHEAD_BLOCKS: usize = 8;
-
-/// How far ahead of a sequential reader a remote archive fetches in the
-/// background (whole frames of the units after the one it reads, or the
-/// rest of a long frame past the window it decodes), within the
+/// Read-ahead over a remote archive's frames (the store's one policy,
+/// `ckptfs_store::read_ahead`): a frame read in order is fetched whole,
+/// and the frames after it in the background, up to 64 MiB within the
 /// read-ahead room the disk cache allows.
-const READ_AHEAD_BYTES: u64 = 64 << 20;
+const FRAMES_AHEAD: ReadAhead = ReadAhead {
+    window: 1,
+    beyond: 64 << 20,
+};
+
+/// Read-ahead over a frame's blocks: a block read in order is fetched
+/// with the rest of its aligned window of 8 blocks (about 5.5 MB of
+/// compressed bf16), and the blocks after the window in the background,
+/// up to 64 MiB.
+const BLOCKS_AHEAD: ReadAhead = ReadAhead {
+    window: 8,
+    beyond: 64 << 20,
+};
 
 pub struct ZstnArchive {
     path: PathBuf,
-    map: Backing,
+    map: Box<dyn ByteSource>,
     zstn: Zstn,
     /// The header entries, parsed whole on first use ([`Self::header`]).
     header: OnceLock<std::result::Result<Header, String>>,
@@ -134,15 +176,15 @@ impl ZstnArchive {
             source,
         };
         let file = File::open(path).map_err(io)?;
-        ZstnArchive::from_backing(Backing::map(&file).map_err(io)?, path)
+        ZstnArchive::from_source(ckptfs_store::source::map_file(&file).map_err(io)?, path)
     }
 
     /// A `.zstn` held in memory; `name` is used in messages.
     pub fn from_bytes(bytes: Vec<u8>, name: &Path) -> Result<ZstnArchive> {
-        ZstnArchive::from_backing(Backing::Owned(bytes), name)
+        ZstnArchive::from_source(Box::new(bytes), name)
     }
 
-    pub fn from_backing(map: Backing, path: &Path) -> Result<ZstnArchive> {
+    pub fn from_source(map: Box<dyn ByteSource>, path: &Path) -> Result<ZstnArchive> {
         let bytes = map.bytes();
         let zstn = Zstn::parse(bytes).map_err(|source| ArchiveError::Container {
             path: path.to_path_buf(),
@@ -343,13 +385,16 @@ impl ZstnArchive {
         // than block by block, which it is about to read anyway).
         let len = frame.end - frame.start;
         let room = self.map.read_ahead_room();
-        if self.follows_a_read_unit(unit) && len <= room.min(READ_AHEAD_BYTES) {
-            self.frames_ahead(unit, room - len);
+        if self.follows_a_read_unit(unit) && len <= room.min(FRAMES_AHEAD.beyond) {
+            FRAMES_AHEAD.start(&*self.map, self.units.len(), unit as usize, len, |u| {
+                let f = self.unit_frame(u as u32);
+                (f.start < f.end).then(|| vec![f])
+            });
             let whole = vec![frame];
             let pin = self.map.pin_all(&whole).map_err(|e| io_error(self, e))?;
             return Ok((whole, pin));
         }
-        fetch_frame_structure(&self.map, &frame, self.unit_decoded_len(unit))
+        fetch_frame_structure(&*self.map, &frame, self.unit_decoded_len(unit))
             .map_err(|e| io_error(self, e))
     }
 
@@ -367,28 +412,8 @@ impl ZstnArchive {
         }
         let f = self.unit_frame(prev);
         f.start < f.end
-            && (self.map.has_or_fetching(&[f.start..f.start + 1])
-                || self.map.has_or_fetching(&[f.end - 1..f.end]))
-    }
-
-    /// Starts fetching in the background the frames of the units after
-    /// `unit`, up to [`READ_AHEAD_BYTES`] and `room` bytes in all (those
-    /// already here or on their way count too).
-    fn frames_ahead(&self, unit: u32, room: u64) {
-        let budget = room.min(READ_AHEAD_BYTES);
-        let mut used = 0u64;
-        let mut ahead = Vec::new();
-        for u in unit as usize + 1..self.units.len() {
-            let f = self.unit_frame(u as u32);
-            used += f.end - f.start;
-            if used > budget {
-                break;
-            }
-            ahead.push(f);
-        }
-        if !ahead.is_empty() {
-            self.map.prefetch(&ahead);
-        }
+            && (in_order(&*self.map, &[f.start..f.start + 1])
+                || in_order(&*self.map, &[f.end - 1..f.end]))
     }
 
     fn build_grid(&self, unit: u32) -> std::result::Result<Arc<Grid>, GridError> {
@@ -556,7 +581,7 @@ impl ArchiveView for ZstnArchive {
             let (fetched, _pin) = self.fetch_structure(unit)?;
             // A cached copy that fails its checks is fetched again once
             // before the failure is kept.
-            return shared_grid_refetching_once(self, &self.map, unit, cell, &fetched, || {
+            return shared_grid_refetching_once(self, &*self.map, unit, cell, &fetched, || {
                 self.build_grid(unit)
             });
         }
@@ -587,61 +612,24 @@ impl ArchiveView for ZstnArchive {
         let frame = self.unit_frame(key.unit);
         let bytes = self.frame_bytes(key.unit);
         let payload = block_file_ranges(&frame, bytes, &grid, b);
-        // Sequential read-ahead: a missing block whose predecessor is here
-        // or on its way belongs to a reader going through the frame in
-        // order (the mount decodes several blocks ahead at once): the
-        // missing blocks of the window of READ_AHEAD_BLOCKS blocks around
-        // it are fetched with it, one coalesced GET per plane, as many as
-        // fit in the read-ahead room the disk cache allows (more would be
-        // given back before they are read). Windows are aligned, so
-        // concurrent decodes of one window ask for the same bytes and the
-        // remote file fetches them once. A random read (its predecessor
-        // absent) fetches its block only.
+        // A missing block whose predecessor is here or on its way belongs
+        // to a reader going through the frame in order (the mount decodes
+        // several blocks ahead at once): the missing blocks of its window
+        // are fetched with it, one coalesced GET per plane, and the blocks
+        // after it in the background ([`BLOCKS_AHEAD`]). A random read
+        // (its predecessor absent) fetches its block only.
         let sequential = b > 0
             && !self.map.has_all(&payload)
             && block_ranges(bytes, &grid, b - 1)
-                .is_some_and(|prev| self.map.has_or_fetching(&in_file(&frame, &prev)));
-        let mut ahead = Vec::new();
-        if sequential {
-            let len = |rs: &[Range<u64>]| rs.iter().map(|r| r.end - r.start).sum::<u64>();
-            let mut room = self.map.read_ahead_room().saturating_sub(len(&payload));
-            let w0 = b / READ_AHEAD_BLOCKS * READ_AHEAD_BLOCKS;
-            let window = w0 + READ_AHEAD_BLOCKS;
-            // The window, fetched with this block; then the blocks after
-            // it, in the background (one run per plane).
-            let mut later = Vec::new();
-            let mut later_room = room.min(READ_AHEAD_BYTES);
-            for nb in w0..grid.blocks() {
-                let Some(rs) = block_ranges(bytes, &grid, nb) else {
-                    continue;
-                };
-                let rs = in_file(&frame, &rs);
-                if nb == b || self.map.has_or_fetching(&rs) {
-                    if nb >= window {
-                        // Read ahead already (from here on, in order).
-                        break;
-                    }
-                    continue;
-                }
-                if nb < window {
-                    if len(&rs) > room {
-                        break;
-                    }
-                    room -= len(&rs);
-                    later_room = later_room.min(room);
-                    ahead.extend(rs);
-                } else {
-                    if len(&rs) > later_room {
-                        break;
-                    }
-                    later_room -= len(&rs);
-                    later.extend(rs);
-                }
-            }
-            if !later.is_empty() {
-                self.map.prefetch(&later);
-            }
-        }
+                .is_some_and(|prev| in_order(&*self.map, &in_file(&frame, &prev)));
+        let ahead = if sequential {
+            let own = payload.iter().map(|r| r.end - r.start).sum();
+            BLOCKS_AHEAD.start(&*self.map, grid.blocks(), b, own, |nb| {
+                block_ranges(bytes, &grid, nb).map(|rs| in_file(&frame, &rs))
+            })
+        } else {
+            Vec::new()
+        };
         // Fetched together (one coalesced run per plane) and kept while
         // this block's own pin is taken; the blocks ahead are then only
         // cached, evictable like any other. If they cannot be fetched, the
@@ -657,7 +645,7 @@ impl ArchiveView for ZstnArchive {
         let _pin = self.map.pin_all(&payload).map_err(|e| io_error(self, e))?;
         drop(_ahead);
         let structure = Some((bytes, self.unit_decoded_len(key.unit)));
-        decode_refetching_once(&self.map, &frame, structure, payload, || {
+        decode_refetching_once(&*self.map, &frame, structure, payload, || {
             self.decode_block_once(key)
         })
     }

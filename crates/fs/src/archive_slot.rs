@@ -17,6 +17,7 @@ use super::resolve::not_found_is;
 use super::{CheckpointFs, FsError, Result};
 use crate::Identity;
 use ckptfs_archive::{self as archive, ArchiveView};
+use ckptfs_store::source::Sources;
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,9 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// access (no symlink followed).
 pub(super) struct StoreBases<'a> {
     pub(super) store: &'a super::beneath::Beneath,
+    /// What the store's files are read as (local maps, or an `s3://`
+    /// store's remote copies).
+    pub(super) sources: &'a dyn Sources,
 }
 
 impl archive::BaseFs for StoreBases<'_> {
@@ -90,6 +94,10 @@ impl archive::BaseFs for StoreBases<'_> {
         let file = self.store.open_file(&norm, libc::O_RDONLY, 0)?;
         Ok((file, self.store.path().join(norm)))
     }
+
+    fn map(&self, file: &File) -> std::io::Result<Box<dyn ckptfs_store::source::ByteSource>> {
+        self.sources.map(file)
+    }
 }
 
 /// [`StoreBases`] that also keeps each base archive's decoded blocks in
@@ -106,6 +114,10 @@ pub(super) struct MountBases<'a> {
 impl archive::BaseFs for MountBases<'_> {
     fn open_base(&self, from: &Path, rel: &str) -> std::io::Result<(File, PathBuf)> {
         self.bases.open_base(from, rel)
+    }
+
+    fn map(&self, file: &File) -> std::io::Result<Box<dyn ckptfs_store::source::ByteSource>> {
+        self.bases.map(file)
     }
 
     fn base_blocks(&self, file: &File, path: &Path) -> Option<Arc<dyn archive::BaseBlocks>> {
@@ -229,7 +241,10 @@ impl CheckpointFs {
             return Err(FsError::Stale);
         }
         let bases = MountBases {
-            bases: StoreBases { store: &self.store },
+            bases: StoreBases {
+                store: &self.store,
+                sources: &*self.sources,
+            },
             fs: self,
         };
         let slot = parse_version(&file, &fm, path, directory, self.require_checksums, &bases)?;

@@ -170,7 +170,7 @@ impl CheckpointFs {
         // Built with no lock held (it reads the model's small files).
         let view = match &fp {
             Err(e) => Err(e.clone()),
-            Ok(_) => Model::open(&full)
+            Ok(_) => Model::open_with(&full, &ckptfs_archive::LocalSources(&*self.sources))
                 .map_err(ckptfs_pack::export::ExportError::from)
                 .and_then(|m| GgufView::new(m, Some(cast), shown.clone()))
                 .map_err(|e| e.to_string()),

@@ -110,6 +110,7 @@ pub use xattr::{XATTR_CHECKSUMS, XATTR_ERROR, XATTR_FORMAT, XATTR_RATIO, XATTR_S
 
 use ckptfs_archive::cache::{BlockCache, CacheStats};
 use ckptfs_archive::ArchiveError;
+use ckptfs_store::source::Sources;
 use handles::{Handle, OPEN_MODE_STRIPES};
 use inode::{Identity, InodeTable};
 use parking_lot::{Mutex, RwLock};
@@ -189,6 +190,9 @@ pub struct CheckpointFs {
     /// Where commits go beyond STORE (an `s3://` mount); None for a local
     /// store.
     sink: Option<Arc<dyn sink::Sink>>,
+    /// What STORE's files are read as: local maps, or the remote copies
+    /// of an `s3://` store's mirror ([`Self::with_sources`]).
+    sources: Arc<dyn Sources>,
     /// `mount --delta auto`: commits may be stored as deltas.
     delta_auto: bool,
     relation_cache: RelationCache,
@@ -258,6 +262,7 @@ impl CheckpointFs {
             gguf: None,
             gguf_views: Mutex::new(HashMap::new()),
             sink: None,
+            sources: Arc::new(ckptfs_store::source::Local),
             delta_auto: false,
             relation_cache: Default::default(),
             family: write::FamilyQueue::new(),
@@ -296,6 +301,14 @@ impl CheckpointFs {
     /// (see [`sink`]).
     pub fn with_sink(mut self, sink: Arc<dyn sink::Sink>) -> CheckpointFs {
         self.sink = Some(sink);
+        self
+    }
+
+    /// Reads STORE's files through `sources` (an `s3://` store's mirror,
+    /// whose files are sparse copies of objects fetched on demand) instead
+    /// of as local files.
+    pub fn with_sources(mut self, sources: Arc<dyn Sources>) -> CheckpointFs {
+        self.sources = sources;
         self
     }
 

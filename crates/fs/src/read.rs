@@ -202,7 +202,9 @@ impl CheckpointFs {
                 // whole before it is served, and kept in the disk cache
                 // while the handle lives; a large one is fetched by the
                 // reads (the failure is logged with the object's name).
-                let remote = ckptfs_store::remote::open_plain(&file, false)
+                let remote = self
+                    .sources
+                    .open_plain(&file, false)
                     .map_err(|_| FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)))?;
                 let whole = remote.as_ref().is_none_or(|(_, complete)| *complete);
                 let remote = remote.map(|(u, _)| u);

@@ -280,7 +280,7 @@ pub fn seal_blazex(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<BlazexSealOutcome, crate::seal::SealError> {
     use crate::seal::SealError;
-    use ckptfs_archive::{Backing, BlazexArchive};
+    use ckptfs_archive::BlazexArchive;
     use std::os::unix::fs::MetadataExt;
     let io_err = |source| SealError::Io {
         path: path.to_path_buf(),
@@ -289,7 +289,10 @@ pub fn seal_blazex(
     let target = fs::canonicalize(path).map_err(io_err)?;
     let file = fs::File::open(&target).map_err(io_err)?;
     let before = file.metadata().map_err(io_err)?;
-    let a = BlazexArchive::from_backing(Backing::map(&file).map_err(io_err)?, path)?;
+    let a = BlazexArchive::from_source(
+        ckptfs_archive::source::map_file(&file).map_err(io_err)?,
+        path,
+    )?;
     if a.cover() == blazex::HeaderCover::Sealed {
         return Ok(BlazexSealOutcome::AlreadySealed);
     }
@@ -315,7 +318,7 @@ pub fn seal_blazex(
         w.write_all(&sealed)?;
         w.write_all(&bytes[start..])?;
         w.flush()?;
-        let back = BlazexArchive::from_backing(Backing::map(w.get_ref())?, path)
+        let back = BlazexArchive::from_source(ckptfs_archive::source::map_file(w.get_ref())?, path)
             .map_err(io::Error::other)?;
         if back.cover() != blazex::HeaderCover::Sealed || back.header() != a.header() {
             return Err(io::Error::other(

@@ -103,6 +103,12 @@ fn is_safetensors(rel: &str) -> bool {
 impl Model {
     /// Opens an archive of any kind, a `.safetensors` file or a directory.
     pub fn open(path: &Path) -> Result<Model> {
+        Model::open_with(path, &archive::LocalFs)
+    }
+
+    /// [`Self::open`], its archives (and their bases) opened through `fs`
+    /// (the mount's store, whose files may be remote copies).
+    pub fn open_with(path: &Path, fs: &dyn archive::BaseFs) -> Result<Model> {
         let io = |source| ModelError::Io {
             path: path.display().to_string(),
             source,
@@ -113,7 +119,7 @@ impl Model {
                 path: path.display().to_string(),
                 what: e.to_string(),
             })?;
-            let (files, sources) = dir_files(walked)?;
+            let (files, sources) = dir_files(walked, fs)?;
             return Model::build(path, Source::Files(sources), files);
         }
         let mut head = [0u8; 8];
@@ -126,7 +132,7 @@ impl Model {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if archive::Kind::detect(head).is_some() || archive::unsupported_kind(head).is_some() {
-            return Model::from_archive(archive::open(path)?, path);
+            return Model::from_archive(archive::open_with(path, fs)?, path);
         }
         let file = ModelFile {
             path: if is_safetensors(&name) {
@@ -402,7 +408,10 @@ impl Model {
 /// `X.safetensors.zstn` is presented as the `X.safetensors` it holds, as
 /// the mount presents it (a plain `X.safetensors` wins over both, and
 /// `X.safetensors.zstn` over `X.zstn`; the loser is left out).
-fn dir_files(walked: Vec<(String, PathBuf)>) -> Result<(Vec<ModelFile>, Vec<FileSource>)> {
+fn dir_files(
+    walked: Vec<(String, PathBuf)>,
+    fs: &dyn archive::BaseFs,
+) -> Result<(Vec<ModelFile>, Vec<FileSource>)> {
     let shown = |rel: &str| -> Option<String> {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         let n = name.strip_suffix(".zstn")?;
@@ -453,7 +462,7 @@ fn dir_files(walked: Vec<(String, PathBuf)>) -> Result<(Vec<ModelFile>, Vec<File
                 out.push((rel, f, FileSource::Plain(p)));
             }
             Some(s) if best.get(&s).is_some_and(|b| b.1 == k) => {
-                let a = archive::open(&p)?;
+                let a = archive::open_with(&p, fs)?;
                 if a.files() != 1 || !a.file_path(0).is_empty() {
                     return Err(ModelError::Input {
                         path: p.display().to_string(),

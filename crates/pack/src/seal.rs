@@ -21,7 +21,7 @@
 //! writer; [`seal_file`] replaces a file atomically (temporary sibling,
 //! fsync, rename, fsync of the directory) after checking what it wrote.
 
-use ckptfs_archive::{blocks_of, ArchiveError, ArchiveView, Backing, BlockKey, Grid, ZstnArchive};
+use ckptfs_archive::{blocks_of, ArchiveError, ArchiveView, BlockKey, Grid, ZstnArchive};
 use ckptfs_format::ckx;
 use ckptfs_format::digest::xxh3_64;
 use ckptfs_format::digest::Xxh3;
@@ -358,7 +358,10 @@ pub fn seal_file(
     let target = std::fs::canonicalize(path).map_err(io_err)?;
     let file = std::fs::File::open(&target).map_err(io_err)?;
     let before = file.metadata().map_err(io_err)?;
-    let a = ZstnArchive::from_backing(Backing::map(&file).map_err(io_err)?, path)?;
+    let a = ZstnArchive::from_source(
+        ckptfs_archive::source::map_file(&file).map_err(io_err)?,
+        path,
+    )?;
     if let Some(ext) = a.extension() {
         return Ok(SealOutcome::AlreadySealed {
             sealed: ext.sealed(),
@@ -396,7 +399,7 @@ fn check_written(file: &std::fs::File, path: &Path, frames: usize) -> Result<(),
         path: path.to_path_buf(),
         source,
     };
-    let a = ZstnArchive::from_backing(Backing::map(file).map_err(io)?, path)?;
+    let a = ZstnArchive::from_source(ckptfs_archive::source::map_file(file).map_err(io)?, path)?;
     if !a.extension().is_some_and(|e| e.sealed()) || a.units() != frames {
         return Err(a.integrity(
             "internal check failed: the sealed file reads back without its checksum block".into(),

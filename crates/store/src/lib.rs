@@ -17,12 +17,16 @@
 //! - [`deadline`]: the one deadline of a mount request's waits for the
 //!   server (`--read-timeout`);
 //! - [`ranges`]: byte-range sets (pure);
+//! - [`source`]: the [`source::ByteSource`] trait every archive reader
+//!   reads through (a local map, memory, a remote copy), and
+//!   [`source::Sources`], which gives an open file of a store its source;
+//! - [`read_ahead`]: the one read-ahead policy of fetched sources;
 //! - [`remote`]: a sparse local copy of one object version, filled on
-//!   demand with ranged conditional GETs, and the registry through which
-//!   `archive::Backing` finds it;
+//!   demand with ranged conditional GETs;
 //! - [`mirror`]: the directory of such copies that a mount of an
 //!   `s3://` store serves as its STORE, refreshed from the listing, and
-//!   through which a writable mount changes the bucket;
+//!   through which a writable mount changes the bucket; it is the mount's
+//!   `Sources`;
 //! - [`budget`]: the byte limit of the disk cache and its eviction order;
 //! - [`lease`]: the lock object that keeps one writable daemon per prefix.
 //!
@@ -36,8 +40,10 @@ pub mod deadline;
 pub mod lease;
 pub mod mirror;
 pub mod ranges;
+pub mod read_ahead;
 pub mod remote;
 pub mod s3;
+pub mod source;
 pub mod sso;
 pub mod sts;
 pub mod traffic;

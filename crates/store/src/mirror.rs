@@ -2,10 +2,13 @@
 //! its STORE when the store is `s3://BUCKET/PREFIX`.
 //!
 //! Every object under the prefix appears at its relative key as a sparse
-//! file of the object's size (and modification time), registered with
-//! `remote` so that its bytes are fetched on demand: archives block by
-//! block (through `archive::Backing`), other files whole when opened. The
-//! fs layer serves the mirror exactly as a local store.
+//! file of the object's size (and modification time), whose bytes are
+//! fetched on demand: archives block by block, other files whole when
+//! opened or by pieces. The fs layer serves the mirror as a local store,
+//! except that it opens files through the mirror, which is its
+//! [`Sources`]: a mirror file (known by device and inode, whatever name
+//! it has now) becomes a [`remote::RemoteMapped`], any other file a plain
+//! map.
 //!
 //! [`Mirror::refresh`] lists the prefix again (every `--metadata-ttl`):
 //! a new object gets a mirror file; an object whose ETag or size changed
@@ -39,8 +42,9 @@ use super::budget::Budget;
 use super::ranges::RangeSet;
 use super::remote::{self, RemoteFile};
 use super::s3::{Listed, S3Client};
+use crate::source::{ByteSource, Sources};
 use ckptfs_format::digest::xxh3_64;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -61,6 +65,10 @@ pub struct Mirror {
     /// while an upload or copy runs).
     touched: Mutex<HashMap<String, u64>>,
     seq: std::sync::atomic::AtomicU64,
+    /// Every version's mirror file, by (device, inode): an open file of
+    /// the mirror is one of them even after a new version was renamed
+    /// over its name.
+    files: RwLock<HashMap<(u64, u64), Arc<RemoteFile>>>,
 }
 
 const BUSY: u64 = u64::MAX;
@@ -92,6 +100,7 @@ impl Mirror {
             known: Mutex::new(HashMap::new()),
             touched: Mutex::new(HashMap::new()),
             seq: std::sync::atomic::AtomicU64::new(0),
+            files: RwLock::new(HashMap::new()),
         };
         for d in [&m.root, &m.state_dir, &m.tmp_dir] {
             ckptfs_format::fsutil::create_dirs(d, 0o700, 0o700)?;
@@ -125,6 +134,41 @@ impl Mirror {
 
     pub fn client(&self) -> &Arc<S3Client> {
         &self.client
+    }
+
+    /// Makes `remote` the source of the mirror file it writes.
+    fn register(&self, remote: &Arc<RemoteFile>) -> io::Result<()> {
+        let m = remote.mirror_file().metadata()?;
+        self.files
+            .write()
+            .insert((m.dev(), m.ino()), remote.clone());
+        Ok(())
+    }
+
+    /// The version an open mirror file is a copy of, if it is one.
+    fn lookup(&self, file: &File) -> Option<Arc<RemoteFile>> {
+        let m = file.metadata().ok()?;
+        self.files.read().get(&(m.dev(), m.ino())).cloned()
+    }
+
+    /// Saves now every range set not saved yet (the daemon is exiting).
+    pub fn save_all(&self) {
+        remote::save_queued();
+        let all: Vec<Arc<RemoteFile>> = self.files.read().values().cloned().collect();
+        for f in all {
+            f.save_if_dirty();
+        }
+    }
+
+    /// Fills a whole mirror file that is about to leave the cache (moved
+    /// into the spool of a writable mount): it is never evicted after
+    /// this. Any other file is left alone.
+    pub fn fill_and_take(&self, file: &File) -> io::Result<()> {
+        if let Some(r) = self.lookup(file) {
+            let (u, _) = remote::open_plain(r, true)?;
+            u.leave_cache();
+        }
+        Ok(())
     }
 
     /// Registers the version a state file describes if its mirror file is
@@ -161,7 +205,7 @@ impl Mirror {
             st.used.max(1),
         )?;
         r.free_missing();
-        remote::register(&r)?;
+        self.register(&r)?;
         self.known.lock().insert(st.rel, r);
         Ok(true)
     }
@@ -220,7 +264,7 @@ impl Mirror {
         for (rel, r) in gone {
             let path = self.root.join(&rel);
             if let Ok(file) = File::open(&path) {
-                if remote::lookup(&file).is_some_and(|x| Arc::ptr_eq(&x, &r)) {
+                if self.lookup(&file).is_some_and(|x| Arc::ptr_eq(&x, &r)) {
                     let _ = std::fs::remove_file(&path);
                 }
             }
@@ -267,7 +311,7 @@ impl Mirror {
         )?;
         r.persist_now()?;
         std::fs::rename(&tmp, &dest)?;
-        remote::register(&r)?;
+        self.register(&r)?;
         Ok(r)
     }
 
@@ -346,7 +390,7 @@ impl Mirror {
             0,
         )?;
         r.persist_now()?;
-        remote::register(&r)?;
+        self.register(&r)?;
         self.known.lock().insert(rel.to_string(), r);
         Ok(())
     }
@@ -432,4 +476,24 @@ fn version_name(l: &Listed) -> String {
         xxh3_64(l.rel.as_bytes()),
         xxh3_64(l.version_key().as_bytes())
     )
+}
+
+/// The mount opens the mirror's files through it: a mirror file is read
+/// from its remote object, block by block; any other file (the spool's)
+/// is a local file.
+impl Sources for Mirror {
+    fn map(&self, file: &File) -> io::Result<Box<dyn ByteSource>> {
+        match self.lookup(file) {
+            Some(r) if file.metadata()?.len() > 0 => {
+                Ok(Box::new(remote::RemoteMapped::new(file, r)?))
+            }
+            _ => crate::source::map_file(file),
+        }
+    }
+
+    fn open_plain(&self, file: &File, whole: bool) -> io::Result<Option<(remote::InUse, bool)>> {
+        self.lookup(file)
+            .map(|r| remote::open_plain(r, whole))
+            .transpose()
+    }
 }

@@ -19,20 +19,19 @@
 //! other state files), so after a crash the set never claims bytes the
 //! file does not hold. The set is saved by a background thread, at most
 //! [`SAVE_DELAY`] after a fetch (one save for all the fetches of that
-//! time), and by [`save_all`] when the daemon exits: a reader never waits
+//! time), and by `Mirror::save_all` when the daemon exits: a reader never waits
 //! for a sync, and a crash only costs refetching what the last
 //! [`SAVE_DELAY`] fetched. Nothing here trusts
 //! the cached bytes: the archive code checks every block against its own
 //! checksums and calls [`RemoteFile::refetch`] once when one fails.
 //!
-//! The registry maps a mirror file's (device, inode) to its `RemoteFile`,
-//! so that `archive::Backing::map` of an open file finds out, with no
-//! change to its callers, that the file is a sparse copy to fill before
-//! reading. A process with no remote store has an empty registry.
+//! An archive reads a mirror file through [`RemoteMapped`], the
+//! [`ByteSource`](crate::source::ByteSource) the mirror gives for it
+//! (`Mirror` implements [`Sources`](crate::source::Sources)).
 //!
 //! Here: the fetching. Beside it: `save` (the range set persisted),
-//! `evict` (the disk cache's side: pins, uses, freeing pages) and
-//! `registry` (the (device, inode) registry and plain files).
+//! `evict` (the disk cache's side: pins, uses, freeing pages), `mapped`
+//! (the archive's source) and `plain` (plain files served by pieces).
 
 use super::budget::{Budget, Evict, Kind};
 use super::ranges::{coalesce, RangeSet};
@@ -48,12 +47,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod evict;
-mod registry;
+mod mapped;
+mod plain;
 mod save;
 
 pub use evict::{InUse, Pin};
-pub use registry::{fill_and_take, fill_whole, lookup, open_plain, register, PLAIN_CHUNK};
-pub use save::{load_state, save_all, State};
+pub use mapped::RemoteMapped;
+pub(crate) use plain::open_plain;
+pub use plain::PLAIN_CHUNK;
+pub(crate) use save::save_queued;
+pub use save::{load_state, State};
 
 /// Fetches start and end on multiples of this (a page: the cache never
 /// holds part of one).
@@ -190,6 +193,11 @@ impl RemoteFile {
 
     fn name(&self) -> String {
         self.client.url().display(&self.rel)
+    }
+
+    /// The mirror file, open for writing fetched bytes.
+    pub(crate) fn mirror_file(&self) -> &File {
+        &self.file
     }
 
     /// Bytes of the object held locally.

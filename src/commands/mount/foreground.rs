@@ -24,14 +24,25 @@ use std::time::Duration;
 /// A counter the fs does not keep (an S3 store's), read at each ask.
 pub(in crate::commands) type MoreMetric = Box<dyn Fn() -> crate::fs::stats::Metric + Send + Sync>;
 
+/// What a store that is not a local directory (`s3://`) adds to a mount.
+#[derive(Default)]
+pub(in crate::commands) struct StoreParts {
+    /// What STORE's files are read as (the mirror: remote copies); None:
+    /// local files.
+    pub sources: Option<std::sync::Arc<dyn crate::store::source::Sources>>,
+    /// Where commits go beyond STORE (a writable `s3://` mount).
+    pub sink: Option<std::sync::Arc<dyn crate::fs::sink::Sink>>,
+    /// The store's own counters.
+    pub more_metrics: Vec<MoreMetric>,
+}
+
 pub(in crate::commands) fn foreground(
     a: &MountArgs,
     store: PathBuf,
     mountpoint: PathBuf,
     cache_bytes: u64,
     threads: Option<usize>,
-    sink: Option<std::sync::Arc<dyn crate::fs::sink::Sink>>,
-    more_metrics: Vec<MoreMetric>,
+    parts: StoreParts,
 ) -> Result<ExitCode> {
     init_logger(
         a.log_level.clone(),
@@ -72,8 +83,12 @@ pub(in crate::commands) fn foreground(
         Some(c) => fs.with_gguf(crate::commands::export::cast_of(c)),
         None => fs,
     };
-    let fs = match sink {
+    let fs = match parts.sink {
         Some(s) => fs.with_sink(s),
+        None => fs,
+    };
+    let fs = match parts.sources {
+        Some(s) => fs.with_sources(s),
         None => fs,
     };
     let fs = match a.delta {
@@ -84,7 +99,10 @@ pub(in crate::commands) fn foreground(
         Some(d) => fs.with_family_depth(d),
         None => fs,
     };
-    let fs = more_metrics.into_iter().fold(fs, |fs, m| fs.with_metric(m));
+    let fs = parts
+        .more_metrics
+        .into_iter()
+        .fold(fs, |fs, m| fs.with_metric(m));
     let fs = std::sync::Arc::new(fs);
     if let Some(addr) = &a.metrics_addr {
         let addr: std::net::SocketAddr = addr.parse().map_err(|_| {

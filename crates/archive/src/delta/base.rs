@@ -4,9 +4,10 @@
 //! read in pieces for the blocks built on it.
 
 use super::{DeltaArchive, OVERLAP_MIN};
-use crate::{ArchiveError, ArchiveView, Backing, BlockKey, Kind, PieceSource, Result};
+use crate::{ArchiveError, ArchiveView, BlockKey, Kind, PieceSource, Result};
 use ckptfs_codec::xor_delta::xor_into;
 use ckptfs_format::safetensors::{header_len, Header};
+use ckptfs_store::source::{ByteSource, Sources};
 use rayon::prelude::*;
 use std::fs::File;
 use std::io;
@@ -20,6 +21,12 @@ pub trait BaseFs: Send + Sync {
     /// archive at `from`; returns the file and the path that names it (in
     /// messages, and as the `from` of its own base).
     fn open_base(&self, from: &Path, rel: &str) -> io::Result<(File, PathBuf)>;
+    /// The bytes of an archive file this opened (a base, or the archive
+    /// opened with it): a plain map by default, a remote copy's source
+    /// when the store is remote (`ckptfs_store::source::Sources`).
+    fn map(&self, file: &File) -> io::Result<Box<dyn ByteSource>> {
+        ckptfs_store::source::map_file(file)
+    }
     /// Where the decoded blocks of the base archive opened from `file`
     /// (named `path`) are kept and shared (the mount's block cache, keyed by the file's
     /// identity and version), or None: each delta decodes its base's
@@ -54,11 +61,27 @@ impl BaseFs for LocalFs {
     }
 }
 
+/// The local file system as [`LocalFs`], its files read through a store's
+/// [`Sources`] (an `s3://` store's mirror: remote copies).
+pub struct LocalSources<'a>(pub &'a dyn Sources);
+
+impl BaseFs for LocalSources<'_> {
+    fn open_base(&self, from: &Path, rel: &str) -> io::Result<(File, PathBuf)> {
+        LocalFs.open_base(from, rel)
+    }
+    fn map(&self, file: &File) -> io::Result<Box<dyn ByteSource>> {
+        self.0.map(file)
+    }
+}
+
 /// An opened base: an archive (its decoded blocks maybe shared with other
 /// deltas over it: [`BaseBlocks`]), or a plain `.safetensors` file.
 pub enum Base {
     Archive(Arc<dyn ArchiveView>, Option<Arc<dyn BaseBlocks>>),
-    Plain { path: PathBuf, map: Backing },
+    Plain {
+        path: PathBuf,
+        map: Box<dyn ByteSource>,
+    },
 }
 
 impl Base {
@@ -272,13 +295,13 @@ pub fn open_base(fs: &dyn BaseFs, from: &Path, rel: &str, depth_left: u32) -> Re
     })?;
     // A base in a bucket is a remote copy like the delta: opened the same
     // way (its metadata fetched first; a plain file is fetched whole).
-    let (backing, head) = crate::map_with_head(&file, &path)?;
+    let (source, head) = crate::map_with_head(&file, &path, fs)?;
     if Kind::detect(&head).is_some() || crate::unsupported_kind(&head).is_some() {
-        let a = crate::from_backing_in(backing, &head, &path, fs, depth_left)?;
+        let a = crate::from_source_in(source, &head, &path, fs, depth_left)?;
         if a.files() != 1 || !a.file_path(0).is_empty() {
             return Err(a.integrity("a model-directory archive cannot be a delta's base".into()));
         }
         return Ok(Base::Archive(a, fs.base_blocks(&file, &path)));
     }
-    Ok(Base::Plain { path, map: backing })
+    Ok(Base::Plain { path, map: source })
 }

@@ -6,11 +6,12 @@
 use super::base::{open_base, BaseFs};
 use super::{DeltaArchive, Unit};
 use crate::frame_block::GridCell;
-use crate::{sparse_cache, ArchiveError, Backing, Result, Segment};
+use crate::{sparse_cache, ArchiveError, Result, Segment};
 use ckptfs_format::delta::{self, DeltaKind, Trailer, MAX_CHAIN};
 use ckptfs_format::digest::xxh3_64;
 use ckptfs_format::safetensors::{Header, TensorEntry};
 use ckptfs_format::z4dm;
+use ckptfs_store::source::ByteSource;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
@@ -46,19 +47,16 @@ const RECORD_HEAD_FIXED: u64 = z4dm::MIN_RECORD_LEN + 8 + delta::Z4DL_HEADER as 
 const RECORD_HEAD_AHEAD: u64 = 8 << 10;
 
 /// Over a remote copy: fetches what [`DeltaArchive::from_backing`] reads
-/// (`archive::remote_metadata`): the CKD1 trailer, the Z4DM head (header
+/// (`archive::fetch_metadata`): the CKD1 trailer, the Z4DM head (header
 /// JSON, lengths, digest) and each record's bytes before its frame, where
 /// the trailer says the records are (all together: about one request per
 /// run of records whose frames are small, and a second round only for
 /// names longer than a page). Frames are fetched when used. Offsets here
 /// only choose what to fetch (clamped to the object); a trailer that does
 /// not parse fetches nothing more (the open reports it).
-pub(crate) fn fetch_metadata(b: &Backing) -> io::Result<()> {
+pub(crate) fn fetch_metadata(b: &dyn ByteSource) -> io::Result<()> {
     let len = b.bytes().len() as u64;
-    let u64_at = |at: u64| -> Option<u64> {
-        let s = b.bytes().get(at as usize..at.checked_add(8)? as usize)?;
-        Some(u64::from_le_bytes(s.try_into().ok()?))
-    };
+    let u64_at = |at| crate::u64_at(b, at);
     // The trailer ends with its own length and "CKD1"; the head starts
     // with "Z4DM", a version byte and the header JSON's length.
     let fixed = z4dm::FIXED_LEN as u64;
@@ -95,8 +93,8 @@ pub(crate) fn fetch_metadata(b: &Backing) -> io::Result<()> {
 impl DeltaArchive {
     /// Opens a delta held in `map`; its base through `fs`. `depth_left`
     /// bounds the chain still allowed below this archive.
-    pub fn from_backing(
-        map: Backing,
+    pub fn from_source(
+        map: Box<dyn ByteSource>,
         path: &Path,
         fs: &dyn BaseFs,
         depth_left: u32,

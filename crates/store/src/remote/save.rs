@@ -1,7 +1,7 @@
 //! Persisting a [`RemoteFile`]'s range set beside its mirror file: the
 //! [`State`] format, saves queued for the saver thread at most
 //! [`SAVE_DELAY`] after a fetch (one save for all the fetches of that
-//! time), [`save_all`] when the daemon exits, and [`load_state`] when a
+//! time), `Mirror::save_all` when the daemon exits, and [`load_state`] when a
 //! mount starts. A save syncs the mirror file first, so a saved set never
 //! claims bytes a crash could lose.
 
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 /// What is persisted beside each mirror file.
 #[derive(Debug, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ impl RemoteFile {
 
     /// Saves the range set if fetches changed it since the last save. A
     /// failure only costs refetching after a restart.
-    fn save_if_dirty(&self) {
+    pub(crate) fn save_if_dirty(&self) {
         let _saving = self.saving.lock();
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return;
@@ -142,15 +142,11 @@ static SAVER: LazyLock<bool> = LazyLock::new(|| {
     spawned.is_ok()
 });
 
-/// Saves now every range set not saved yet (the daemon is exiting), and
-/// waits for a save in progress.
-pub fn save_all() {
+/// Saves now the range sets queued for the saver thread (the daemon is
+/// exiting: `Mirror::save_all`).
+pub(crate) fn save_queued() {
     let queued = std::mem::take(&mut *SAVES.lock());
     for f in queued.iter().filter_map(std::sync::Weak::upgrade) {
-        f.save_if_dirty();
-    }
-    let all: Vec<Arc<RemoteFile>> = super::registry::REGISTRY.read().values().cloned().collect();
-    for f in all {
         f.save_if_dirty();
     }
 }

@@ -99,7 +99,10 @@ impl CheckpointFs {
     pub(crate) fn open_store_archive(&self, rel: &Path) -> Result<Arc<dyn ArchiveView>> {
         let file: File = self.store.open_file(rel, libc::O_RDONLY, 0)?;
         let path = self.store.path().join(rel);
-        let bases = StoreBases { store: &self.store };
+        let bases = StoreBases {
+            store: &self.store,
+            sources: &*self.sources,
+        };
         archive::from_file_with(&file, &path, &bases).map_err(|e| bad(&path, e))
     }
 
